@@ -1,0 +1,113 @@
+"""ONNX Runtime backend (CPU, and CUDA where onnxruntime-gpu is installed).
+
+KV buffers are preallocated sequence-major arenas `(1, max_context, Hkv, D)`
+per layer. Each call binds the past as the prefix `[:past_len]` and the
+new-KV outputs at row `past_len` of the same buffer: no KV copy ever.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .. import contract
+from ..errors import BackendError
+from ..manifest import ModelEntry
+
+_DTYPES = {"float32": np.float32, "float16": np.float16}
+PREFILL_CHUNK = 256
+
+
+def session_options(threads: int | None):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads:
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.log_severity_level = 3
+    return opts
+
+
+class OrtCpuSession:
+    """A model on ONNX Runtime's CPU provider with IOBinding over numpy arenas."""
+
+    backend = "cpu"
+
+    def __init__(self, name: str, path: Path, entry: ModelEntry, max_context: int,
+                 max_new_len: int, threads: int | None = None) -> None:
+        import onnxruntime as ort
+
+        self.name, self.entry = name, entry
+        self.max_context, self.max_new_len = max_context, max_new_len
+        try:
+            self.session = ort.InferenceSession(str(path), session_options(threads),
+                                                providers=["CPUExecutionProvider"])
+        except Exception as exc:  # ORT raises its own exception types
+            raise BackendError(f"ONNX Runtime cannot load {path}: {exc}") from None
+        self._check_io()
+        kv_dtype = _DTYPES[entry.kv_dtype]
+        shape = (1, max_context, entry.num_kv_heads, entry.head_dim)
+        # (1, max_context, Hkv, D) per layer, for keys and for values
+        self.keys = [np.zeros(shape, kv_dtype) for _ in range(entry.num_layers)]
+        self.values = [np.zeros(shape, kv_dtype) for _ in range(entry.num_layers)]
+        self.row_bytes = entry.num_kv_heads * entry.head_dim * np.dtype(kv_dtype).itemsize
+        self.kv_dtype = kv_dtype
+        self.ids = np.zeros((1, max(max_new_len, PREFILL_CHUNK)), np.int64)
+        self.positions = np.zeros_like(self.ids)
+        self.logits = np.zeros((1, max_new_len, entry.vocab_size), _DTYPES[entry.logits_dtype])
+        self.binding = self.session.io_binding()
+
+    def forward(self, token_ids: np.ndarray, past_len: int) -> np.ndarray:
+        n = len(token_ids)
+        if n > self.max_new_len:
+            raise BackendError(f"{self.name}: {n} new tokens exceed this session's "
+                               f"{self.max_new_len}; use prefill for long inputs.")
+        self._run(token_ids, past_len, logits_out=True)
+        return self.logits[0, :n]
+
+    def prefill(self, token_ids: np.ndarray, past_len: int = 0) -> None:
+        for start in range(0, len(token_ids), PREFILL_CHUNK):
+            chunk = token_ids[start:start + PREFILL_CHUNK]
+            self._run(chunk, past_len + start, logits_out=False)
+
+    def _run(self, token_ids: np.ndarray, past_len: int, logits_out: bool) -> None:
+        n = len(token_ids)
+        if past_len + n > self.max_context:
+            raise BackendError(f"{self.name}: positions up to {past_len + n} exceed the bundle's "
+                               f"max_context {self.max_context}.")
+        self.ids[0, :n] = token_ids
+        self.positions[0, :n] = np.arange(past_len, past_len + n)
+        b = self.binding
+        b.clear_binding_inputs()
+        b.clear_binding_outputs()
+        b.bind_input(contract.INPUT_IDS, "cpu", 0, np.int64, (1, n), self.ids.ctypes.data)
+        b.bind_input(contract.POSITION_IDS, "cpu", 0, np.int64, (1, n), self.positions.ctypes.data)
+        kv_type, e = self.kv_dtype, self.entry
+        past_shape = (1, past_len, e.num_kv_heads, e.head_dim)
+        new_shape = (1, n, e.num_kv_heads, e.head_dim)
+        offset = past_len * self.row_bytes
+        for i in range(e.num_layers):
+            k_ptr, v_ptr = self.keys[i].ctypes.data, self.values[i].ctypes.data
+            b.bind_input(contract.past_key(i), "cpu", 0, kv_type, past_shape, k_ptr)
+            b.bind_input(contract.past_value(i), "cpu", 0, kv_type, past_shape, v_ptr)
+            b.bind_output(contract.new_key(i), "cpu", 0, kv_type, new_shape, k_ptr + offset)
+            b.bind_output(contract.new_value(i), "cpu", 0, kv_type, new_shape, v_ptr + offset)
+        if logits_out:
+            b.bind_output(contract.LOGITS, "cpu", 0, self.logits.dtype, (1, n, e.vocab_size),
+                          self.logits.ctypes.data)
+        else:
+            b.bind_output(contract.LOGITS, "cpu")
+        self.session.run_with_iobinding(b)
+
+    def _check_io(self) -> None:
+        found_in = [i.name for i in self.session.get_inputs()]
+        found_out = [o.name for o in self.session.get_outputs()]
+        want_in = contract.input_names(self.entry.num_layers)
+        want_out = contract.output_names(self.entry.num_layers)
+        if found_in != want_in or found_out[:len(want_out)] != want_out:
+            raise BackendError(f"{self.name} graph does not follow the contract: inputs "
+                               f"{found_in[:4]}…, outputs {found_out[:3]}…, expected "
+                               f"{want_in[:4]}… and {want_out[:3]}…. Re-run ssd-export.")

@@ -1,0 +1,62 @@
+"""`ssd-run`: generate from a bundle on the command line.
+
+    ssd-run bundle/ --prompt "def fib(n):" --max-new-tokens 64 --k 4 --stats
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .errors import SsdError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ssd-run", description="Generate text from an SSD bundle.")
+    p.add_argument("bundle", help="bundle folder written by ssd-export")
+    p.add_argument("--prompt", required=True, help="prompt text")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--k", type=int, default=4, help="draft tokens per round; 0 = target alone")
+    p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda", "trt"))
+    p.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads")
+    p.add_argument("--stats", action="store_true", help="print speed and acceptance to stderr")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        from .generator import Generator
+
+        gen = Generator.load(args.bundle, backend=args.backend, threads=args.threads)
+        if args.json:
+            res = gen.generate(args.prompt, max_new_tokens=args.max_new_tokens, k=args.k)
+            print(json.dumps({"text": res.text, "token_ids": res.token_ids,
+                              "stop_reason": res.stop_reason, "stats": res.stats.as_dict()}))
+            return 0
+        for piece in gen.stream(args.prompt, max_new_tokens=args.max_new_tokens, k=args.k):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        if args.stats:
+            print(format_stats(gen.last_result.stats), file=sys.stderr)
+        return 0
+    except SsdError as exc:
+        print(f"ssd-run: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def format_stats(s) -> str:
+    sec = s.seconds
+    return (f"[{s.backend}] k={s.k} stop={s.stop_reason} tokens={s.new_tokens} "
+            f"tokens/s={s.tokens_per_s:.1f} rounds={s.rounds} acceptance={s.acceptance_rate:.2f} "
+            f"accepted/round={s.mean_accepted_per_round:.2f} | prefill {sec['prefill'] * 1e3:.1f} ms, "
+            f"draft {sec['draft'] * 1e3:.1f} ms, verify {sec['verify'] * 1e3:.1f} ms, "
+            f"host {sec['host'] * 1e3:.1f} ms")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""The bundle manifest: schema, reading with validation, checksums.
+
+The runtime trusts this file alone (DESIGN.md, "The bundle"); the exporter
+writes it through `Manifest.to_dict` so that both sides share one schema.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import BundleError
+
+FORMAT = "ssd-bundle"
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+_HINT = "---> HINT: re-run ssd-export to rebuild the bundle."
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One exported decoder graph and the dimensions of its KV cache."""
+
+    path: str                 # relative to the bundle root
+    architecture: str         # Hugging Face class name, for people only
+    source: str               # folder or hub id it was exported from
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    kv_dtype: str             # "float32" | "float16"
+    logits_dtype: str
+    inputs: list[str]
+    outputs: list[str]
+    parameters: int = 0
+    parity: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TokenizerEntry:
+    """How to turn text into the ids the Hugging Face tokenizer would give."""
+
+    path: str                 # tokenizer.json, relative to the bundle root
+    prefix_ids: list[int]     # added before the text (e.g. BOS)
+    suffix_ids: list[int]     # added after the text (e.g. EOS for some models)
+    eos_token_ids: list[int]
+    bos_token_id: int | None = None
+    pad_token_id: int | None = None
+    chat_template: str | None = None
+
+
+@dataclass(frozen=True)
+class Manifest:
+    max_context: int
+    max_draft: int
+    target: ModelEntry
+    draft: ModelEntry
+    tokenizer: TokenizerEntry
+    heads: list[str] = field(default_factory=list)
+    build: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)   # relative path -> sha256
+    format: str = FORMAT
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = MANIFEST_NAME) -> Manifest:
+        if data.get("format") != FORMAT:
+            raise BundleError(f"{where}: format is {data.get('format')!r}, expected {FORMAT!r}; "
+                              f"this is not an SSD bundle. {_HINT}")
+        version = data.get("schema_version")
+        if not isinstance(version, int):
+            raise BundleError(f"{where}: schema_version is {version!r}, expected an integer. {_HINT}")
+        if version > SCHEMA_VERSION:
+            raise BundleError(f"{where}: schema_version {version} is newer than this runtime reads "
+                              f"(up to {SCHEMA_VERSION}). ---> HINT: upgrade ssd-toolkit "
+                              f"(pip install -U ssd-toolkit) or re-export with this version.")
+        try:
+            return cls(
+                max_context=int(data["max_context"]),
+                max_draft=int(data["max_draft"]),
+                target=ModelEntry(**data["models"]["target"]),
+                draft=ModelEntry(**data["models"]["draft"]),
+                tokenizer=TokenizerEntry(**data["tokenizer"]),
+                heads=list(data.get("heads", [])),
+                build=dict(data.get("build", {})),
+                files=dict(data.get("files", {})),
+                schema_version=version,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BundleError(f"{where}: missing or malformed field ({exc}). {_HINT}") from None
+
+
+def manifest_json(manifest: Manifest) -> str:
+    """The manifest as written to disk: models grouped under "models"."""
+    data = manifest.to_dict()
+    data["models"] = {"target": data.pop("target"), "draft": data.pop("draft")}
+    head = {"format": data.pop("format"), "schema_version": data.pop("schema_version")}
+    return json.dumps({**head, **data}, indent=2) + "\n"
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_manifest(bundle: str | Path, verify: bool = True) -> Manifest:
+    """Read and validate `bundle/manifest.json`; check every file's sha256."""
+    root = Path(bundle)
+    path = root / MANIFEST_NAME
+    if not root.is_dir():
+        raise BundleError(f"bundle folder {root} does not exist. ---> HINT: pass the folder "
+                          f"written by ssd-export --output.")
+    if not path.is_file():
+        raise BundleError(f"{path} not found: {root} is not an SSD bundle. {_HINT}")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise BundleError(f"{path}: cannot parse JSON ({exc}). {_HINT}") from None
+    if not isinstance(data, dict):
+        raise BundleError(f"{path}: expected a JSON object. {_HINT}")
+    manifest = Manifest.from_dict(data, where=str(path))
+    if verify:
+        verify_files(root, manifest)
+    return manifest
+
+
+def verify_files(root: Path, manifest: Manifest) -> None:
+    needed = {manifest.target.path, manifest.draft.path, manifest.tokenizer.path}
+    unlisted = needed - set(manifest.files)
+    if unlisted:
+        raise BundleError(f"{root / MANIFEST_NAME}: no checksum for {sorted(unlisted)}. {_HINT}")
+    for rel, expected in sorted(manifest.files.items()):
+        file = root / rel
+        if not file.is_file():
+            raise BundleError(f"bundle file {file} is missing. {_HINT}")
+        found = sha256_file(file)
+        if found != expected:
+            raise BundleError(f"bundle file {file} was modified: sha256 {found[:12]}… does not "
+                              f"match the manifest's {expected[:12]}…. {_HINT}")

@@ -1,0 +1,52 @@
+"""Write a bundle atomically: build in a temporary sibling folder, then rename.
+
+An interrupted or failed export leaves no half bundle behind; `--force`
+replaces an existing bundle only once the new one is complete.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from ssd_runtime.errors import ConfigError
+from ssd_runtime.manifest import MANIFEST_NAME, Manifest, manifest_json, sha256_file
+
+
+def check_output(output: Path, force: bool) -> None:
+    if output.exists() and not force:
+        raise ConfigError(f"output {output} already exists. ---> HINT: pass --force to replace "
+                          f"it, or choose another --output.")
+    if output.exists() and not output.is_dir():
+        raise ConfigError(f"output {output} exists and is not a folder; remove it or choose "
+                          f"another --output.")
+
+
+@contextmanager
+def staging(output: Path, force: bool) -> Iterator[Path]:
+    """Yield a temporary folder; on success it replaces `output`, on failure it vanishes."""
+    check_output(output, force)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.parent / f".{output.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        old = output.parent / f".{output.name}.old-{os.getpid()}"
+        if output.exists():
+            output.rename(old)
+        tmp.rename(output)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def finish_manifest(root: Path, manifest: Manifest) -> Manifest:
+    """Add the sha256 of every file under `root` and write manifest.json."""
+    files = {p.relative_to(root).as_posix(): sha256_file(p)
+             for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST_NAME}
+    done = Manifest(**{**manifest.__dict__, "files": files})
+    (root / MANIFEST_NAME).write_text(manifest_json(done))
+    return done

@@ -1,0 +1,69 @@
+"""`ssd-export`: the only argparse file of the exporter.
+
+Builds an `ExportConfig` and calls `export_bundle(config)`; errors print one
+line and exit 2, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ssd_runtime.errors import SsdError
+
+from .config import ExportConfig
+
+EXTRA_HINT = ("ssd-export needs the exporter's packages (torch, transformers, onnx, onnxscript). "
+              "---> HINT: pip install 'ssd-toolkit[export]'")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ssd-export",
+        description="Export a target/draft pair of Hugging Face causal LMs to an SSD bundle.")
+    p.add_argument("--target", help="target model: local Hugging Face folder or hub id")
+    p.add_argument("--draft", help="draft model sharing the target's tokenizer")
+    p.add_argument("--output", type=Path, help="bundle folder to write")
+    p.add_argument("--max-context", type=int, default=None,
+                   help="longest sequence the bundle serves (default: 2048, or the models' limit)")
+    p.add_argument("--max-draft", type=int, default=8, help="largest k (draft tokens per round)")
+    p.add_argument("--dtype", choices=("float32", "float16"), default="float32")
+    p.add_argument("--force", action="store_true", help="replace an existing --output")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--list-architectures", action="store_true",
+                   help="print the supported Hugging Face classes and exit")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.list_architectures:
+            from ssd_graphs.adapters import supported_architectures
+
+            print("\n".join(supported_architectures()))
+            return 0
+        missing = [f"--{n}" for n in ("target", "draft", "output") if getattr(args, n) is None]
+        if missing:
+            parser.error(f"the following arguments are required: {', '.join(missing)}")
+        config = ExportConfig(target=args.target, draft=args.draft, output=args.output,
+                              max_context=args.max_context, max_draft=args.max_draft,
+                              dtype=args.dtype, force=args.force, quiet=args.quiet)
+        try:
+            from .pipeline import export_bundle
+        except ImportError as exc:
+            print(f"ssd-export: error: {EXTRA_HINT} (missing: {exc.name})", file=sys.stderr)
+            return 2
+        export_bundle(config)
+        return 0
+    except SsdError as exc:
+        print(f"ssd-export: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ssd-export: interrupted; nothing was written.", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

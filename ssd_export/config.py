@@ -1,0 +1,21 @@
+"""The frozen, typed options of one export; built by cli.py, read by pipeline.py."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+DType = Literal["float32", "float16"]
+DEFAULT_MAX_CONTEXT = 2048
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    target: str                     # local Hugging Face folder or hub id
+    draft: str
+    output: Path
+    max_context: int | None = None  # None: 2048, or the models' limit if smaller
+    max_draft: int = 8
+    dtype: DType = "float32"
+    force: bool = False
+    quiet: bool = False

@@ -1,0 +1,70 @@
+"""Check that target and draft can be paired, and describe their tokenizer.
+
+Speculation compares token ids, so both models must map text to ids the same
+way: identical vocabulary and special tokens.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ssd_runtime.errors import ConfigError
+
+_SPECIALS = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")
+PROBES = ("Hello, world!", "def add(a, b):\n    return a + b\n", " leading space", "ünïcödé ✓")
+
+
+def check_vocabularies(target_tok: Any, draft_tok: Any) -> None:
+    """Raise ConfigError naming the first differing tokens, if any."""
+    t_vocab, d_vocab = target_tok.get_vocab(), draft_tok.get_vocab()
+    if t_vocab != d_vocab:
+        t_by_id = {i: tok for tok, i in t_vocab.items()}
+        d_by_id = {i: tok for tok, i in d_vocab.items()}
+        diffs = [i for i in sorted(set(t_by_id) | set(d_by_id)) if t_by_id.get(i) != d_by_id.get(i)]
+        shown = "; ".join(f"id {i}: target {t_by_id.get(i)!r}, draft {d_by_id.get(i)!r}"
+                          for i in diffs[:3])
+        raise ConfigError(f"target and draft vocabularies differ ({len(t_vocab)} vs "
+                          f"{len(d_vocab)} tokens, {len(diffs)} ids differ; first: {shown}). "
+                          f"Speculative decoding needs a draft that shares the target's tokenizer.")
+    for name in _SPECIALS:
+        t, d = getattr(target_tok, name, None), getattr(draft_tok, name, None)
+        if t != d:
+            raise ConfigError(f"target and draft special tokens differ: {name} is {t} for the "
+                              f"target and {d} for the draft. Use a draft with the target's "
+                              f"tokenizer.")
+
+
+def added_ids(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """The ids the Hugging Face tokenizer adds before and after a text by default."""
+    backend = tokenizer.backend_tokenizer
+    found: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
+    for text in PROBES:
+        full = list(tokenizer(text)["input_ids"])
+        raw = backend.encode(text, add_special_tokens=False).ids
+        start = _find(full, raw)
+        if start < 0:
+            raise ConfigError(f"the tokenizer's default encoding of {text!r} is not the plain "
+                              f"encoding plus added ids ({full} vs {raw}); the runtime cannot "
+                              f"reproduce it.")
+        found.add((tuple(full[:start]), tuple(full[start + len(raw):])))
+    if len(found) != 1:
+        raise ConfigError(f"the tokenizer adds different ids to different texts ({found}); the "
+                          f"runtime cannot reproduce that.")
+    prefix, suffix = found.pop()
+    return list(prefix), list(suffix)
+
+
+def eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    """End-of-sequence ids as Hugging Face generate() uses them."""
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return []
+    return sorted({int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])})
+
+
+def _find(seq: list[int], sub: list[int]) -> int:
+    for i in range(len(seq) - len(sub) + 1):
+        if seq[i:i + len(sub)] == sub:
+            return i
+    return -1

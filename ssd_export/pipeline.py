@@ -1,0 +1,142 @@
+"""`export_bundle(config)`: load → check pair → trace → parity → write the bundle.
+
+Reads top to bottom; each stage prints one progress line with its time.
+"""
+from __future__ import annotations
+
+import platform
+import sys
+from pathlib import Path
+from time import perf_counter, strftime
+
+from ssd_graphs.trace import OPSET, TracedModel, export_decoder
+from ssd_runtime import __version__, contract
+from ssd_runtime.errors import ConfigError
+from ssd_runtime.manifest import Manifest, ModelEntry, TokenizerEntry
+
+from .bundle import check_output, finish_manifest, staging
+from .config import DEFAULT_MAX_CONTEXT, ExportConfig
+from .loading import LoadedModel, check_architecture, load_model
+from .pair import added_ids, check_vocabularies, eos_ids
+from .parity import check_parity
+
+
+def export_bundle(config: ExportConfig) -> Manifest:
+    """Export `config.target` and `config.draft` into a bundle at `config.output`."""
+    log = _Progress(config.quiet)
+    _quiet_transformers()
+    check_output(config.output, config.force)
+    if not 1 <= config.max_draft <= 64:
+        raise ConfigError(f"--max-draft {config.max_draft} must be between 1 and 64.")
+    check_architecture(config.target, "target")
+    check_architecture(config.draft, "draft")
+
+    with log.stage("load models and tokenizers"):
+        target = load_model(config.target, "target", config.dtype)
+        draft = load_model(config.draft, "draft", config.dtype)
+    with log.stage("check the pair"):
+        check_vocabularies(target.tokenizer, draft.tokenizer)
+        max_context = _max_context(config, target, draft)
+        prefix, suffix = added_ids(target.tokenizer)
+    with staging(config.output, config.force) as root:
+        traced = {}
+        for loaded in (target, draft):
+            with log.stage(f"trace the {loaded.role} ({loaded.architecture})"):
+                traced[loaded.role] = export_decoder(loaded.model, loaded.source,
+                                                     root / loaded.role / "model.onnx", max_context)
+        parity = {}
+        for loaded in (target, draft):
+            with log.stage(f"parity of the {loaded.role} against Hugging Face"):
+                parity[loaded.role] = check_parity(loaded.model, traced[loaded.role].path,
+                                                   loaded.role, config.max_draft, config.dtype,
+                                                   max_context)
+        with log.stage("write tokenizer and manifest"):
+            target.tokenizer.save_pretrained(root / "tokenizer")
+            manifest = Manifest(
+                max_context=max_context, max_draft=config.max_draft,
+                target=_entry(root, target, traced["target"], parity["target"]),
+                draft=_entry(root, draft, traced["draft"], parity["draft"]),
+                tokenizer=TokenizerEntry(
+                    path="tokenizer/tokenizer.json", prefix_ids=prefix, suffix_ids=suffix,
+                    eos_token_ids=eos_ids(target.model, target.tokenizer),
+                    bos_token_id=target.tokenizer.bos_token_id,
+                    pad_token_id=target.tokenizer.pad_token_id,
+                    chat_template=getattr(target.tokenizer, "chat_template", None)),
+                build=_build_info(config),
+            )
+            manifest = finish_manifest(root, manifest)
+    log.done(config.output)
+    return manifest
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+
+
+def _max_context(config: ExportConfig, *models: LoadedModel) -> int:
+    limits = {m.role: int(getattr(m.model.config, "max_position_embeddings", 0) or 0)
+              for m in models}
+    model_limit = min((v for v in limits.values() if v > 0), default=DEFAULT_MAX_CONTEXT)
+    if config.max_context is None:
+        return min(DEFAULT_MAX_CONTEXT, model_limit)
+    if config.max_context < 2:
+        raise ConfigError(f"--max-context {config.max_context} must be at least 2.")
+    if config.max_context > model_limit:
+        raise ConfigError(f"--max-context {config.max_context} exceeds the models' limit "
+                          f"(max_position_embeddings: {limits}); use at most {model_limit}.")
+    return config.max_context
+
+
+def _entry(root: Path, loaded: LoadedModel, traced: TracedModel,
+           parity: dict[str, float]) -> ModelEntry:
+    return ModelEntry(
+        path=traced.path.relative_to(root).as_posix(), architecture=loaded.architecture,
+        source=str(loaded.source), num_layers=traced.num_layers,
+        num_kv_heads=traced.num_kv_heads, head_dim=traced.head_dim,
+        vocab_size=traced.vocab_size, kv_dtype=traced.kv_dtype, logits_dtype="float32",
+        inputs=contract.input_names(traced.num_layers),
+        outputs=contract.output_names(traced.num_layers),
+        parameters=traced.parameters, parity=parity)
+
+
+def _build_info(config: ExportConfig) -> dict:
+    import onnx
+    import torch
+    import transformers
+
+    return {"toolkit": __version__, "created": strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "dtype": config.dtype, "opset": OPSET, "python": platform.python_version(),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "onnx": onnx.__version__, "command": " ".join(sys.argv)}
+
+
+class _Progress:
+    def __init__(self, quiet: bool) -> None:
+        self.quiet, self.start, self.n = quiet, perf_counter(), 0
+
+    def stage(self, what: str):
+        self.n += 1
+        return _Stage(self, what)
+
+    def print(self, text: str) -> None:
+        if not self.quiet:
+            print(text, file=sys.stderr, flush=True)
+
+    def done(self, output: Path) -> None:
+        self.print(f"ssd-export: wrote {output} in {perf_counter() - self.start:.1f} s")
+
+
+class _Stage:
+    def __init__(self, progress: _Progress, what: str) -> None:
+        self.progress, self.what = progress, what
+
+    def __enter__(self) -> None:
+        self.t0 = perf_counter()
+        self.progress.print(f"[{self.progress.n}] {self.what} …")
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self.progress.print(f"[{self.progress.n}] {self.what}: {perf_counter() - self.t0:.1f} s")

@@ -1,0 +1,66 @@
+"""Session fixtures: a tokenizer, tiny models of each class, and bundles built from them."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import tiny  # noqa: E402
+
+
+def _has_gpu() -> bool:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return False
+    return "CUDAExecutionProvider" in ort.get_available_providers() and Path("/dev/nvidia0").exists()
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_gpu():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU with TensorRT or ORT CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory) -> dict[str, Path]:
+    """Hugging Face folders: target and draft variants of each class."""
+    root = tmp_path_factory.mktemp("models")
+    tok = tiny.build_tokenizer(root / "tokenizer")
+    m = {
+        "llama": tiny.build_model(root / "llama", "llama", tok, seed=1, layers=3),
+        "llama_other": tiny.build_model(root / "llama_other", "llama", tok, seed=2, layers=1),
+        "mistral": tiny.build_model(root / "mistral", "mistral", tok, seed=3, layers=2,
+                                    sliding_window=16),
+        "qwen2": tiny.build_model(root / "qwen2", "qwen2", tok, seed=4, layers=2),
+    }
+    m["llama_cut"] = tiny.truncate(m["llama"], root / "llama_cut", 1, tok)
+    m["mistral_cut"] = tiny.truncate(m["mistral"], root / "mistral_cut", 1, tok)
+    m["qwen2_cut"] = tiny.truncate(m["qwen2"], root / "qwen2_cut", 1, tok)
+    return m
+
+
+@pytest.fixture(scope="session")
+def bundle_factory(models, tmp_path_factory):
+    """export(target, draft) -> bundle folder, cached per pair for the session."""
+    from ssd_export import ExportConfig, export_bundle
+
+    cache: dict[tuple[str, str, int], Path] = {}
+    root = tmp_path_factory.mktemp("bundles")
+
+    def export(target: str, draft: str, max_context: int | None = None) -> Path:
+        key = (target, draft, max_context or 0)
+        if key not in cache:
+            out = root / f"{target}-{draft}-{max_context or 'd'}"
+            export_bundle(ExportConfig(target=str(models[target]), draft=str(models[draft]),
+                                       output=out, max_context=max_context, quiet=True))
+            cache[key] = out
+        return cache[key]
+
+    return export
