@@ -1,0 +1,190 @@
+"""Bad input: one clear line, exit 2, no traceback, and never a half-written bundle."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ssd_export import ExportConfig, export_bundle
+from ssd_runtime.errors import ConfigError, ParityError
+
+
+def run(module: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True,
+                          text=True, timeout=300)
+
+
+def assert_clean_error(proc: subprocess.CompletedProcess, prog: str, pattern: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error:"), proc.stderr
+    assert pytest.importorskip("re").search(pattern, lines[0]), lines[0]
+
+
+def assert_nothing_written(out: Path) -> None:
+    assert not out.exists()
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
+
+
+@pytest.fixture
+def out(tmp_path) -> Path:
+    return tmp_path / "bundle"
+
+
+def export_cli(target, draft, out, *extra):
+    return run("ssd_export.cli", "--target", target, "--draft", draft, "--output", out,
+               "--quiet", *extra)
+
+
+def test_missing_model_folder(models, out):
+    proc = export_cli(out.parent / "no-such-model", models["llama"], out)
+    assert_clean_error(proc, "ssd-export", r"target model folder .*no-such-model.* does not exist")
+    assert_nothing_written(out)
+
+
+def test_not_a_causal_lm(models, out, tmp_path):
+    from transformers import BertConfig
+
+    folder = tmp_path / "bert"
+    BertConfig(architectures=["BertForSequenceClassification"]).save_pretrained(folder)
+    proc = export_cli(models["llama"], folder, out)
+    assert_clean_error(proc, "ssd-export", r"draft model .* not a causal language model")
+    assert_nothing_written(out)
+
+
+def test_unsupported_architecture_lists_supported(models, out, tmp_path):
+    from transformers import BloomConfig
+
+    folder = tmp_path / "bloom"
+    BloomConfig(architectures=["BloomForCausalLM"]).save_pretrained(folder)
+    proc = export_cli(folder, models["llama"], out)
+    assert_clean_error(proc, "ssd-export",
+                       r"BloomForCausalLM is not supported\. Supported: .*LlamaForCausalLM.*"
+                       r"MistralForCausalLM.*Qwen2ForCausalLM")
+    assert_nothing_written(out)
+
+
+def test_vocabularies_differ(models, out):
+    # transformers loads the Qwen2 folder with Qwen2's tokenizer class, which adds a token
+    proc = export_cli(models["qwen2"], models["llama_cut"], out)
+    assert_clean_error(proc, "ssd-export", r"vocabularies differ .*first: id 384: target "
+                                           r"'<\|endoftext\|>', draft None")
+    assert_nothing_written(out)
+
+
+def test_existing_output_needs_force(models, out):
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    proc = export_cli(models["llama"], models["llama_cut"], out)
+    assert_clean_error(proc, "ssd-export", r"already exists.*--force")
+    assert (out / "keep.txt").read_text() == "mine"
+
+
+def test_force_replaces_a_bundle(models, out):
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    proc = export_cli(models["llama"], models["llama_cut"], out, "--force", "--max-context", "64")
+    assert proc.returncode == 0, proc.stderr
+    assert not (out / "old.txt").exists()
+    assert json.loads((out / "manifest.json").read_text())["max_context"] == 64
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".bundle.")]  # no leftovers
+
+
+def test_failed_export_leaves_nothing(models, out, monkeypatch):
+    import ssd_export.pipeline as pipeline
+
+    def broken(*args, **kwargs):
+        raise ParityError("simulated parity failure")
+
+    monkeypatch.setattr(pipeline, "check_parity", broken)
+    with pytest.raises(ParityError):
+        export_bundle(ExportConfig(target=str(models["llama"]), draft=str(models["llama_cut"]),
+                                   output=out, quiet=True))
+    assert_nothing_written(out)
+
+
+def test_max_context_above_model_limit(models, out):
+    with pytest.raises(ConfigError, match=r"--max-context 4096 exceeds the models' limit"):
+        export_bundle(ExportConfig(target=str(models["llama"]), draft=str(models["llama_cut"]),
+                                   output=out, max_context=4096, quiet=True))
+    assert_nothing_written(out)
+
+
+BLOCK_TORCH = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('torch', 'transformers'):
+            raise ImportError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Block())
+from ssd_export.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_export_without_the_extra_names_it(models, out):
+    proc = subprocess.run([sys.executable, "-c", BLOCK_TORCH, "--target", str(models["llama"]),
+                           "--draft", str(models["llama"]), "--output", str(out)],
+                          capture_output=True, text=True)
+    assert_clean_error(proc, "ssd-export", r"pip install 'ssd-toolkit\[export\]'")
+
+
+# --- the runtime side -------------------------------------------------------------------
+
+@pytest.fixture
+def bundle_copy(bundle_factory, tmp_path) -> Path:
+    dst = tmp_path / "copy"
+    shutil.copytree(bundle_factory("llama", "llama_cut", max_context=48), dst)
+    return dst
+
+
+def test_prompt_longer_than_max_context(bundle_copy):
+    proc = run("ssd_runtime.cli", bundle_copy, "--prompt", "x = 1\n" * 40)
+    assert_clean_error(proc, "ssd-run", r"prompt has \d+ tokens, more than the bundle's "
+                                        r"max_context 48")
+
+
+def test_modified_file_is_refused(bundle_copy):
+    data = next((bundle_copy / "target").glob("*.data"))
+    blob = bytearray(data.read_bytes())
+    blob[100] ^= 0xFF
+    data.write_bytes(bytes(blob))
+    proc = run("ssd_runtime.cli", bundle_copy, "--prompt", "x")
+    assert_clean_error(proc, "ssd-run", r"target/model\.onnx\.data was modified: sha256")
+
+
+def test_newer_schema_is_refused(bundle_copy):
+    path = bundle_copy / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["schema_version"] = 99
+    path.write_text(json.dumps(manifest))
+    proc = run("ssd_runtime.cli", bundle_copy, "--prompt", "x")
+    assert_clean_error(proc, "ssd-run", r"schema_version 99 is newer than this runtime reads "
+                                        r"\(up to 1\).*upgrade")
+
+
+def test_k_above_max_draft(bundle_copy):
+    proc = run("ssd_runtime.cli", bundle_copy, "--prompt", "x", "--k", "9")
+    assert_clean_error(proc, "ssd-run", r"k=9 is outside \[0, 8\].*--max-draft 9")
+
+
+def test_missing_bundle(tmp_path):
+    proc = run("ssd_runtime.cli", tmp_path / "nope", "--prompt", "x")
+    assert_clean_error(proc, "ssd-run", r"bundle folder .*nope does not exist")
+
+
+def test_cli_round_trip(bundle_copy):
+    proc = run("ssd_runtime.cli", bundle_copy, "--prompt", "def f(x):", "--max-new-tokens", "12",
+               "--k", "3", "--json")
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(proc.stdout)
+    assert len(res["token_ids"]) == 12 and res["stop_reason"] == "length"
+    assert res["stats"]["k"] == 3 and res["stats"]["rounds"] >= 3
+    proc = run("ssd_runtime.cli", bundle_copy, "--prompt", "def f(x):", "--max-new-tokens", "12",
+               "--stats")
+    assert proc.returncode == 0 and "tokens/s=" in proc.stderr and "acceptance=" in proc.stderr

@@ -1,0 +1,101 @@
+"""Greedy speculative decoding is lossless: speculative == k=0 == Hugging Face generate."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ssd_runtime import Generator
+
+PROMPT_LENGTHS = (1, 7, 40)
+KS = (1, 2, 4, 8)
+NEW_TOKENS = 64
+# (target, draft): unrelated (acceptance ~0), truncated (partial), itself (full),
+# the other two classes (sliding window for Mistral), and cross-class pairs.
+PAIRS = [("llama", "llama_other"), ("llama", "llama_cut"), ("llama", "llama"),
+         ("mistral", "mistral_cut"), ("qwen2", "qwen2_cut"),
+         ("llama", "mistral_cut"), ("mistral", "llama")]
+
+
+def prompt_ids(n: int) -> list[int]:
+    rng = np.random.default_rng(n)
+    return [0, *rng.integers(3, 384, size=n - 1).tolist()]
+
+
+@pytest.fixture(scope="module")
+def hf_reference(models):
+    """Hugging Face greedy continuations per (target, prompt length)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ref = {}
+    for target in {t for t, _ in PAIRS}:
+        model = AutoModelForCausalLM.from_pretrained(models[target]).eval()
+        for n in PROMPT_LENGTHS:
+            ids = torch.tensor([prompt_ids(n)])
+            out = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                 pad_token_id=2, attention_mask=torch.ones_like(ids))
+            ref[target, n] = out[0, n:].tolist()
+    return ref
+
+
+@pytest.mark.parametrize("target,draft", PAIRS, ids=[f"{t}+{d}" for t, d in PAIRS])
+def test_speculative_equals_target_and_hugging_face(bundle_factory, hf_reference, target, draft):
+    gen = Generator.load(bundle_factory(target, draft))
+    rates = []
+    for n in PROMPT_LENGTHS:
+        expected = hf_reference[target, n]
+        plain = gen.generate(prompt_ids(n), max_new_tokens=NEW_TOKENS, k=0)
+        assert plain.token_ids == expected, f"k=0 differs from Hugging Face (prompt {n})"
+        for k in KS:
+            res = gen.generate(prompt_ids(n), max_new_tokens=NEW_TOKENS, k=k)
+            assert res.token_ids == expected, f"k={k}, prompt {n}: speculative output differs"
+            assert res.stop_reason == plain.stop_reason
+            rates.append(res.stats.acceptance_rate)
+    if draft == target:
+        assert min(rates) == 1.0          # the target as its own draft accepts everything
+    if (target, draft) == ("llama", "llama_cut"):
+        assert 0.0 < np.mean(rates) < 1.0
+
+
+def test_stop_at_eos(bundle_factory):
+    gen = Generator.load(bundle_factory("llama", "llama_cut"))
+    plain = gen.generate(prompt_ids(7), max_new_tokens=40, k=0).token_ids
+    eos = plain[12]
+    first = plain.index(eos)
+    gen.eos_ids = {eos}                   # pretend that token ends the sequence
+    for k in (0, 3, 8):
+        res = gen.generate(prompt_ids(7), max_new_tokens=40, k=k)
+        assert res.stop_reason == "eos"
+        assert res.token_ids == plain[:first + 1]
+
+
+def test_stop_at_max_context(bundle_factory, hf_reference):
+    gen = Generator.load(bundle_factory("llama", "llama_cut", max_context=48))
+    for k in (0, 4, 8):
+        res = gen.generate(prompt_ids(40), max_new_tokens=64, k=k)
+        assert res.stop_reason == "context"
+        assert res.token_ids == hf_reference["llama", 40][:8]
+
+
+def test_stop_at_length_and_stats(bundle_factory):
+    gen = Generator.load(bundle_factory("llama", "llama"))
+    res = gen.generate(prompt_ids(7), max_new_tokens=10, k=4)
+    assert res.stop_reason == "length" and len(res.token_ids) == 10
+    s = res.stats
+    assert s.new_tokens == 10 and s.rounds >= 2 and s.target_calls == s.rounds
+    assert s.accepted == s.drafted and s.acceptance_rate == 1.0
+    assert set(s.seconds) >= {"draft", "verify", "host", "prefill"} and s.tokens_per_s > 0
+
+
+def test_text_prompt_matches_hugging_face_tokenizer(bundle_factory, models):
+    from transformers import AutoTokenizer
+
+    gen = Generator.load(bundle_factory("llama", "llama_cut"))
+    hf = AutoTokenizer.from_pretrained(models["llama"])
+    for text in ("def add(a, b):", "  x = [1, 2]\n", "héllo ✓ wörld"):
+        assert gen.encode(text) == hf(text).input_ids
+    res = gen.generate("def add(a, b):", max_new_tokens=20, k=2)
+    assert res.text == hf.decode(res.token_ids, skip_special_tokens=True)
+    pieces = list(gen.stream("def add(a, b):", max_new_tokens=20, k=2))
+    assert "".join(pieces) == res.text and len(pieces) > 1
+    assert gen.last_result.token_ids == res.token_ids

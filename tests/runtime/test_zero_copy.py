@@ -1,0 +1,50 @@
+"""The KV arena is written in place: new rows land at offset past_len, nothing is copied."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+
+from ssd_runtime import Generator, contract
+
+
+def test_new_kv_is_written_at_offset_past_len(bundle_factory):
+    gen = Generator.load(bundle_factory("llama", "llama_cut"))
+    session = gen.target
+    ids = np.array([0, 5, 9, 17, 33, 64, 100], np.int64)
+    session.prefill(ids[:4])
+    before = [k.copy() for k in session.keys]
+    past_len = 4
+    logits = session.forward(ids[4:], past_len)
+    outputs = session.binding.get_outputs()   # binding order: new_key.0, new_value.0, ..., logits
+    row = session.row_bytes
+    for i in range(session.entry.num_layers):
+        assert outputs[2 * i].data_ptr() == session.keys[i].ctypes.data + past_len * row
+        assert outputs[2 * i + 1].data_ptr() == session.values[i].ctypes.data + past_len * row
+        # rows before past_len untouched, rows past_len..past_len+3 filled
+        np.testing.assert_array_equal(session.keys[i][:, :past_len], before[i][:, :past_len])
+        assert np.abs(session.keys[i][:, past_len:past_len + 3]).sum() > 0
+    assert outputs[-1].data_ptr() == session.logits.ctypes.data
+    # and the in-place result equals a plain run without IOBinding
+    plain = ort.InferenceSession(str(gen.root / gen.manifest.target.path),
+                                 providers=["CPUExecutionProvider"])
+    feeds = {contract.INPUT_IDS: ids[None], contract.POSITION_IDS: np.arange(7)[None]}
+    e = session.entry
+    for i in range(e.num_layers):
+        empty = np.zeros((1, 0, e.num_kv_heads, e.head_dim), np.float32)
+        feeds[contract.past_key(i)] = feeds[contract.past_value(i)] = empty
+    ref = plain.run(None, feeds)
+    np.testing.assert_allclose(logits, ref[0][0, 4:], atol=1e-4)
+    for i in range(e.num_layers):
+        np.testing.assert_allclose(session.keys[i][:, :7], ref[1 + 2 * i], atol=1e-5)
+        np.testing.assert_allclose(session.values[i][:, :7], ref[2 + 2 * i], atol=1e-5)
+
+
+def test_rollback_is_free(bundle_factory):
+    """Re-running from an earlier past_len overwrites rejected rows and gives fresh results."""
+    gen = Generator.load(bundle_factory("llama", "llama_cut"))
+    s = gen.target
+    s.prefill(np.array([0, 5, 9], np.int64))
+    first = s.forward(np.array([17, 33], np.int64), 3).copy()
+    s.forward(np.array([200, 201, 202], np.int64), 3)      # a "rejected" continuation
+    again = s.forward(np.array([17, 33], np.int64), 3)     # rolled back to past_len 3
+    np.testing.assert_allclose(again, first, atol=1e-6)
