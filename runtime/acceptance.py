@@ -1,11 +1,15 @@
 """Acceptance rules: how draft tokens are picked and how the target judges them.
 
 Greedy and sampling differ only here (STYLE.md rule 3): the loop calls
-`draft_pick` for each draft step and `verify` once per round.
+`draft_pick` for each draft step and `verify` once per round. Sampling
+follows Leviathan et al. / Chen et al. and leaves the target's distribution
+exactly unchanged.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from .sampling import SamplingParams, probabilities, sample
 
 
 class GreedyAcceptance:
@@ -22,3 +26,49 @@ class GreedyAcceptance:
         while j < len(drafts) and drafts[j] == choices[j]:
             j += 1
         return j, int(choices[j])
+
+
+class SamplingAcceptance:
+    """Speculative sampling: accept x with probability min(1, p(x)/q(x)); at the first
+    rejection sample from normalise(max(0, p - q)); after k acceptances sample from p."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+
+    def draft_pick(self, logits: np.ndarray) -> tuple[int, np.ndarray]:
+        q = probabilities(logits, self.params)          # (vocab_draft,)
+        return sample(q, self.rng.random()), q
+
+    def verify(self, target_logits: np.ndarray, drafts: list[int],
+               draft_probs: list[np.ndarray]) -> tuple[int, int]:
+        k = len(drafts)
+        accept_u = self.rng.random(k)                   # one uniform per draft token
+        final_u = self.rng.random()                     # for the correction or the bonus
+        return self.decide(target_logits, drafts, draft_probs, accept_u, final_u)
+
+    def decide(self, target_logits: np.ndarray, drafts: list[int], draft_probs: list[np.ndarray],
+               accept_u: np.ndarray, final_u: float) -> tuple[int, int]:
+        """The rule itself, from given uniforms (so fused heads can be checked against it)."""
+        for j, (x, q) in enumerate(zip(drafts, draft_probs)):
+            p = probabilities(target_logits[j], self.params)    # (vocab,)
+            q = _fit(q, len(p))
+            if x < len(p) and accept_u[j] * q[x] < p[x]:   # u < p(x)/q(x), without dividing
+                continue
+            residual = np.maximum(p - q, 0.0)           # normalise(max(0, p - q))
+            if residual.sum() <= 0:                     # p == q: rejection has probability 0
+                residual = p
+            return j, sample(residual, final_u)
+        p = probabilities(target_logits[len(drafts)], self.params)
+        return len(drafts), sample(p, final_u)
+
+
+def make_rule(params: SamplingParams) -> GreedyAcceptance | SamplingAcceptance:
+    return GreedyAcceptance() if params.greedy else SamplingAcceptance(params)
+
+
+def _fit(q: np.ndarray, n: int) -> np.ndarray:
+    """The draft's distribution on the target's vocabulary (ids beyond the draft's have q=0)."""
+    if len(q) == n:
+        return q
+    return q[:n] if len(q) > n else np.pad(q, (0, n - len(q)))

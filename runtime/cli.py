@@ -17,6 +17,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", required=True, help="prompt text")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--k", type=int, default=4, help="draft tokens per round; 0 = target alone")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    p.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
+    p.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="stop when this text appears (repeatable); it is not printed")
     p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda", "trt"))
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads")
     p.add_argument("--stats", action="store_true", help="print speed and acceptance to stderr")
@@ -30,12 +36,14 @@ def main(argv: list[str] | None = None) -> int:
         from .generator import Generator
 
         gen = Generator.load(args.bundle, backend=args.backend, threads=args.threads)
+        options = dict(max_new_tokens=args.max_new_tokens, k=args.k, temperature=args.temperature,
+                       top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop)
         if args.json:
-            res = gen.generate(args.prompt, max_new_tokens=args.max_new_tokens, k=args.k)
+            res = gen.generate(args.prompt, **options)
             print(json.dumps({"text": res.text, "token_ids": res.token_ids,
                               "stop_reason": res.stop_reason, "stats": res.stats.as_dict()}))
             return 0
-        for piece in gen.stream(args.prompt, max_new_tokens=args.max_new_tokens, k=args.k):
+        for piece in gen.stream(args.prompt, **options):
             sys.stdout.write(piece)
             sys.stdout.flush()
         sys.stdout.write("\n")

@@ -2,6 +2,7 @@
 
     gen = Generator.load("bundle/")
     res = gen.generate("def fib(n):", max_new_tokens=64, k=4)   # k=0: target alone
+    res = gen.generate("def fib(n):", temperature=0.8, top_p=0.95, seed=1, stop=["\\n\\n"])
 """
 from __future__ import annotations
 
@@ -9,19 +10,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from .acceptance import GreedyAcceptance
+from .acceptance import make_rule
 from .backends import open_sessions
 from .errors import ConfigError
 from .loop import Stats, decode
 from .manifest import Manifest, read_manifest
-from .text import IncrementalDecoder, TextCodec
+from .sampling import SamplingParams
+from .text import TextCodec, TextStream
 
 
 @dataclass
 class GenerationResult:
     token_ids: list[int]      # generated ids only, not the prompt
     text: str
-    stop_reason: str          # "eos" | "length" | "context"
+    stop_reason: str          # "eos" | "length" | "context" | "stop"
     stats: Stats
 
 
@@ -42,44 +44,54 @@ class Generator:
         root = Path(bundle)
         return cls(root, read_manifest(root, verify=verify), backend, threads)
 
-    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128,
-                 k: int = 4) -> GenerationResult:
-        ids, stats = [], Stats()
-        for new in self._rounds(prompt, max_new_tokens, k, stats):
-            ids += new
-        return self._finish(ids, stats)
+    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, k: int = 4,
+                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                 seed: int | None = None, stop: Sequence[str] | None = None) -> GenerationResult:
+        for _ in self.stream(prompt, max_new_tokens, k, temperature, top_k, top_p, seed, stop):
+            pass
+        assert self.last_result is not None
+        return self.last_result
 
-    def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 128,
-               k: int = 4) -> Iterator[str]:
-        """Yield text pieces as tokens are accepted; `last_result` holds the rest."""
-        ids, stats = [], Stats()
-        pieces = IncrementalDecoder(self.codec)
-        for new in self._rounds(prompt, max_new_tokens, k, stats):
-            ids += new
-            if piece := pieces.push(new):
-                yield piece
-        if tail := pieces.flush():
+    def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 128, k: int = 4,
+               temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+               seed: int | None = None, stop: Sequence[str] | None = None) -> Iterator[str]:
+        """Yield text pieces as tokens are accepted; `last_result` holds the whole result.
+        Bad settings raise ConfigError here, before the first piece."""
+        params = SamplingParams(temperature, top_k, top_p, seed)
+        ids = self._prompt_ids(prompt)
+        self._check(k, max_new_tokens, stop)
+        return self._pieces(ids, params, max_new_tokens, k, stop)
+
+    def _pieces(self, ids: list[int], params: SamplingParams, max_new_tokens: int, k: int,
+                stop: Sequence[str] | None) -> Iterator[str]:
+        stats = Stats(backend=self.backend, k=k, prompt_tokens=len(ids))
+        text = TextStream(self.codec, list(stop or []))
+        rounds = decode(self.target, self.draft, make_rule(params), ids, max_new_tokens, k,
+                        self.eos_ids, stats)
+        try:
+            for new in rounds:
+                if piece := text.push(new):
+                    yield piece
+                if text.stopped:
+                    break
+        finally:
+            rounds.close()
+        if tail := text.flush():
             yield tail
-        self._finish(ids, stats)
+        if text.stopped:
+            stats.stop_reason = "stop"
+        self.last_result = GenerationResult(text.ids, text.text, stats.stop_reason, stats)
 
     def encode(self, text: str) -> list[int]:
         return self.codec.encode(text)
 
-    def _rounds(self, prompt: str | Sequence[int], max_new_tokens: int, k: int,
-                stats: Stats) -> Iterator[list[int]]:
-        ids = self._prompt_ids(prompt)
-        self._check(k, max_new_tokens)
-        stats.backend, stats.k, stats.prompt_tokens = self.backend, k, len(ids)
-        return decode(self.target, self.draft, GreedyAcceptance(), ids, max_new_tokens, k,
-                      self.eos_ids, stats)
-
-    def _finish(self, ids: list[int], stats: Stats) -> GenerationResult:
-        result = GenerationResult(ids, self.codec.decode(ids), stats.stop_reason, stats)
-        self.last_result = result
-        return result
-
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
-        ids = self.codec.encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
+        if isinstance(prompt, str):
+            ids = self.codec.encode(prompt)
+        elif isinstance(prompt, Sequence) and all(isinstance(i, int) for i in prompt):
+            ids = list(prompt)
+        else:
+            raise ConfigError("the prompt must be a string or a list of token ids (ints).")
         limit, vocab = self.manifest.max_context, self.manifest.target.vocab_size
         if not ids:
             raise ConfigError("the prompt is empty: give at least one token or character.")
@@ -92,10 +104,13 @@ class Generator:
             raise ConfigError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab}).")
         return ids
 
-    def _check(self, k: int, max_new_tokens: int) -> None:
+    def _check(self, k: int, max_new_tokens: int, stop: Sequence[str] | None) -> None:
         if not isinstance(k, int) or k < 0 or k > self.manifest.max_draft:
             raise ConfigError(f"k={k!r} is outside [0, {self.manifest.max_draft}], the bundle's "
                               f"max_draft. ---> HINT: use a smaller k, or re-export with "
                               f"ssd-export --max-draft {k}.")
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be a positive integer.")
+        if stop is not None and (isinstance(stop, str) or
+                                 not all(isinstance(s, str) for s in stop)):
+            raise ConfigError(f"stop={stop!r} must be a list of strings.")

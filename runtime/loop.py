@@ -12,7 +12,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .acceptance import GreedyAcceptance
+from .acceptance import GreedyAcceptance, SamplingAcceptance
 from .backends.base import ModelSession
 
 
@@ -52,10 +52,13 @@ class Stats:
                 "tokens_per_s": self.tokens_per_s, "seconds": dict(self.seconds)}
 
 
-def decode(target: ModelSession, draft: ModelSession, rule: GreedyAcceptance,
-           prompt: list[int], max_new_tokens: int, k: int, eos_ids: set[int],
-           stats: Stats) -> Iterator[list[int]]:
-    """Yield the tokens of each round until EOS, max_new_tokens or the context end."""
+def decode(target: ModelSession, draft: ModelSession,
+           rule: GreedyAcceptance | SamplingAcceptance, prompt: list[int], max_new_tokens: int,
+           k: int, eos_ids: set[int], stats: Stats) -> Iterator[list[int]]:
+    """Yield the tokens of each round until EOS, max_new_tokens or the context end.
+
+    A consumer may stop early (close the generator); the stats stay consistent.
+    """
     start = perf_counter()
     seq = list(prompt)                       # every token; seq[p] sits at position p
     target.prefill(np.asarray(seq[:-1], np.int64))
@@ -64,56 +67,56 @@ def decode(target: ModelSession, draft: ModelSession, rule: GreedyAcceptance,
         draft.prefill(np.asarray(seq[:-1], np.int64))
     else:
         draft_len = 0                        # the draft catches up if it is ever used
-    stats.seconds["prefill"] = perf_counter() - start
     spent = stats.seconds
+    spent["prefill"] = perf_counter() - start
     decode_start = perf_counter()
-    produced = 0
-    while True:
-        room = target.max_context - len(seq)
-        if produced >= max_new_tokens or room <= 0:
-            stats.stop_reason = "length" if produced >= max_new_tokens else "context"
-            break
-        k_round = min(k, room - 1, max_new_tokens - produced - 1)
-        # draft k_round tokens; the first step also feeds tokens the draft has not seen
-        t0 = perf_counter()
-        drafts, draft_probs = [], []
-        feed = seq[draft_len:]                # pending catch-up tokens + last
-        for _ in range(k_round):
-            if len(feed) > draft.max_new_len:
-                draft.prefill(np.asarray(feed[:-1], np.int64), draft_len)
-                draft_len, feed = draft_len + len(feed) - 1, feed[-1:]
-            logits = draft.forward(np.asarray(feed, np.int64), draft_len)
-            draft_len += len(feed)
-            token, q = rule.draft_pick(logits[-1])
-            drafts.append(token)
-            draft_probs.append(q)
-            feed = [token]
-        t1 = perf_counter()
-        # verify: one target pass over [last, d1..dk] at positions target_len..target_len+k
-        logits = target.forward(np.asarray([seq[-1], *drafts], np.int64), target_len)
-        t2 = perf_counter()
-        j, t = rule.verify(logits, drafts, draft_probs)
-        target_len += j + 1                   # rows for last, d1..dj stay valid
-        draft_len = min(draft_len, target_len)  # when j = k, dk becomes the catch-up token
-        new = [*drafts[:j], t]
-        for i, token in enumerate(new):
-            if token in eos_ids:
-                new = new[:i + 1]
-                break
-        seq += new
-        produced += len(new)
-        stats.rounds += 1
-        stats.target_calls += 1
-        stats.draft_calls += k_round
-        stats.drafted += k_round
-        stats.accepted += j
-        spent["draft"] += t1 - t0
-        spent["verify"] += t2 - t1
-        yield new
-        if new[-1] in eos_ids:
-            stats.stop_reason = "eos"
-            break
-    stats.new_tokens = produced
-    spent["decode"] = perf_counter() - decode_start
-    spent["host"] = max(0.0, spent["decode"] - spent["draft"] - spent["verify"])
-    spent["total"] = perf_counter() - start
+    try:
+        while True:
+            room = target.max_context - len(seq)
+            produced = len(seq) - len(prompt)
+            if produced >= max_new_tokens or room <= 0:
+                stats.stop_reason = "length" if produced >= max_new_tokens else "context"
+                return
+            k_round = min(k, room - 1, max_new_tokens - produced - 1)
+            # draft k_round tokens; the first step also feeds tokens the draft has not seen
+            t0 = perf_counter()
+            drafts, draft_probs = [], []
+            feed = seq[draft_len:]            # pending catch-up tokens + last
+            for _ in range(k_round):
+                if len(feed) > draft.max_new_len:
+                    draft.prefill(np.asarray(feed[:-1], np.int64), draft_len)
+                    draft_len, feed = draft_len + len(feed) - 1, feed[-1:]
+                logits = draft.forward(np.asarray(feed, np.int64), draft_len)
+                draft_len += len(feed)
+                token, q = rule.draft_pick(logits[-1])
+                drafts.append(token)
+                draft_probs.append(q)
+                feed = [token]
+            t1 = perf_counter()
+            # verify: one target pass over [last, d1..dk] at positions target_len..target_len+k
+            logits = target.forward(np.asarray([seq[-1], *drafts], np.int64), target_len)
+            t2 = perf_counter()
+            j, t = rule.verify(logits, drafts, draft_probs)
+            target_len += j + 1                      # rows for last, d1..dj stay valid
+            draft_len = min(draft_len, target_len)   # when j = k, dk is the catch-up token
+            new = [*drafts[:j], t]
+            ended = next((i for i, tok in enumerate(new) if tok in eos_ids), None)
+            if ended is not None:
+                new = new[:ended + 1]
+            seq += new
+            stats.rounds += 1
+            stats.target_calls += 1
+            stats.draft_calls += k_round
+            stats.drafted += k_round
+            stats.accepted += j
+            spent["draft"] += t1 - t0
+            spent["verify"] += t2 - t1
+            stats.new_tokens = len(seq) - len(prompt)
+            yield new
+            if ended is not None:
+                stats.stop_reason = "eos"
+                return
+    finally:
+        spent["decode"] = perf_counter() - decode_start
+        spent["host"] = max(0.0, spent["decode"] - spent["draft"] - spent["verify"])
+        spent["total"] = perf_counter() - start

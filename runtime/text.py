@@ -1,7 +1,8 @@
 """Text in and out: the bundle's tokenizer, used as Hugging Face would.
 
 The exporter records which ids the Hugging Face tokenizer adds around a text
-(prefix/suffix, e.g. BOS); encoding here adds exactly those.
+(prefix/suffix, e.g. BOS); encoding here adds exactly those. `TextStream`
+turns accepted ids into text pieces and cuts the output at stop strings.
 """
 from __future__ import annotations
 
@@ -25,29 +26,51 @@ class TextCodec:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
 
-class IncrementalDecoder:
-    """Turns a growing list of ids into text pieces.
+class TextStream:
+    """Growing ids → safe text pieces, stopping at the first stop string.
 
-    Decodes the whole tail since the last complete character, so byte-level
-    BPE tokens that split a UTF-8 character are held back until complete.
+    Text that could still become a stop string, or that ends in half a UTF-8
+    character, is held back until the next push decides it.
     """
 
-    def __init__(self, codec: TextCodec) -> None:
-        self.codec = codec
+    def __init__(self, codec: TextCodec, stops: list[str] | None = None) -> None:
+        self.codec, self.stops = codec, [s for s in (stops or []) if s]
         self.ids: list[int] = []
-        self.emitted = ""
+        self.text = ""            # text emitted so far
+        self.stopped = False
 
     def push(self, ids: list[int]) -> str:
         self.ids.extend(ids)
-        text = self.codec.decode(self.ids)
-        if text.endswith("\ufffd"):
-            return ""
-        piece = text[len(self.emitted):] if text.startswith(self.emitted) else ""
-        self.emitted = text
-        return piece
+        full = self.codec.decode(self.ids)
+        cuts = [i for i in (full.find(s) for s in self.stops) if i >= 0]
+        if cuts:
+            self.stopped = True
+            self._trim_ids(min(cuts))
+            return self._emit(full[:min(cuts)])
+        hold = max([_overlap(full, s) for s in self.stops] + [0])
+        if full.endswith("\ufffd"):
+            hold = max(hold, 1)
+        return self._emit(full[:len(full) - hold])
 
     def flush(self) -> str:
-        text = self.codec.decode(self.ids)
-        piece = text[len(self.emitted):] if text.startswith(self.emitted) else ""
-        self.emitted = text
+        return "" if self.stopped else self._emit(self.codec.decode(self.ids))
+
+    def _emit(self, upto: str) -> str:
+        piece = upto[len(self.text):] if upto.startswith(self.text) else ""
+        self.text = upto if upto.startswith(self.text) else self.text
         return piece
+
+    def _trim_ids(self, cut: int) -> None:
+        """Keep the longest prefix of ids whose text ends before the stop string."""
+        m = len(self.ids)
+        while m > 0 and len(self.codec.decode(self.ids[:m])) > cut:
+            m -= 1
+        self.ids = self.ids[:m]
+
+
+def _overlap(text: str, stop: str) -> int:
+    """Length of the longest suffix of text that is a proper prefix of stop."""
+    for n in range(min(len(stop) - 1, len(text)), 0, -1):
+        if text.endswith(stop[:n]):
+            return n
+    return 0

@@ -64,3 +64,15 @@ def bundle_factory(models, tmp_path_factory):
         return cache[key]
 
     return export
+
+
+@pytest.fixture(scope="session")
+def small_vocab_bundle(tmp_path_factory) -> tuple[Path, Path]:
+    """(bundle, target folder) for a 16-token pair whose distributions can be enumerated."""
+    from ssd_export import ExportConfig, export_bundle
+
+    root = tmp_path_factory.mktemp("small")
+    target, draft = tiny.build_small_vocab_pair(root)
+    out = root / "bundle"
+    export_bundle(ExportConfig(target=str(target), draft=str(draft), output=out, quiet=True))
+    return out, target

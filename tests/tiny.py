@@ -37,21 +37,45 @@ def build_tokenizer(folder: Path):
     return fast
 
 
-def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+KINDS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2", "gpt_neox",
+         "opt", "falcon")
 
-    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
-                  num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                  max_position_embeddings=256, initializer_range=0.25, bos_token_id=0,
-                  eos_token_id=1, pad_token_id=2, tie_word_embeddings=False)
-    common.update(extra)
-    if kind == "llama":
-        return LlamaConfig(**common)
-    if kind == "mistral":
-        return MistralConfig(sliding_window=common.pop("sliding_window", 16), **common)
-    if kind == "qwen2":
-        return Qwen2Config(**common)
-    raise ValueError(kind)
+
+def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra):
+    """A tiny config of one class: 4 heads of 16, a large init; `extra` overrides any field."""
+    import transformers
+
+    ids = dict(bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    llama_like = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=256, initializer_range=0.25,
+                      tie_word_embeddings=False, **ids)
+    plain = dict(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                 num_attention_heads=4, max_position_embeddings=256, **ids)
+    table = {
+        "llama": ("LlamaConfig", llama_like),
+        "mistral": ("MistralConfig", {**llama_like, "sliding_window": 16}),
+        "qwen2": ("Qwen2Config", llama_like),
+        "qwen3": ("Qwen3Config", {**llama_like, "head_dim": hidden // 4,
+                                  "tie_word_embeddings": True}),
+        "phi3": ("Phi3Config", {**llama_like, "original_max_position_embeddings": 256}),
+        "gemma": ("GemmaConfig", {**llama_like, "head_dim": hidden // 4, "num_key_value_heads": 1,
+                                  "tie_word_embeddings": True}),
+        "gemma2": ("Gemma2Config", {**llama_like, "head_dim": hidden // 4, "sliding_window": 16,
+                                    "query_pre_attn_scalar": hidden // 4,
+                                    "tie_word_embeddings": True}),
+        "gpt2": ("GPT2Config", dict(vocab_size=vocab, n_positions=256, n_embd=hidden, n_layer=layers,
+                                    n_head=4, n_inner=2 * hidden, initializer_range=0.25, **ids)),
+        "gpt_neox": ("GPTNeoXConfig", {**plain, "intermediate_size": 2 * hidden,
+                                       "initializer_range": 0.25, "rotary_pct": 0.25}),
+        "opt": ("OPTConfig", {**plain, "ffn_dim": 2 * hidden, "init_std": 0.25,
+                              "word_embed_proj_dim": hidden}),
+        "falcon": ("FalconConfig", {**plain, "initializer_range": 0.25, "ffn_hidden_size": 2 * hidden}),
+    }
+    if kind not in table:
+        raise ValueError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")
+    name, fields = table[kind]
+    return getattr(transformers, name)(**{**fields, **extra})
 
 
 def build_model(folder: Path, kind: str, tokenizer, seed: int, **config_extra) -> Path:
@@ -68,8 +92,15 @@ def truncate(source: Path, folder: Path, layers: int, tokenizer) -> Path:
     """The source model cut to its first `layers` layers (a draft that partly agrees)."""
     from transformers import AutoModelForCausalLM
 
+    from ssd_graphs.adapters import REGISTRY
+
     model = AutoModelForCausalLM.from_pretrained(source)
-    model.model.layers = model.model.layers[:layers]
+    path = REGISTRY[type(model).__name__](model.config).layers     # e.g. transformer.h
+    *parents, name = path.split(".")
+    owner = model
+    for part in parents:
+        owner = getattr(owner, part)
+    setattr(owner, name, getattr(owner, name)[:layers])
     model.config.num_hidden_layers = layers
     if getattr(model.config, "layer_types", None):
         model.config.layer_types = model.config.layer_types[:layers]
@@ -82,3 +113,24 @@ def _save(model, tokenizer, folder: Path) -> None:
     model.generation_config.pad_token_id = model.config.pad_token_id
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+
+
+SMALL_WORDS = ["<s>", "</s>", "<pad>", *"abcdefghijklm"]    # a 16-token vocabulary
+
+
+def build_small_vocab_pair(root: Path) -> tuple[Path, Path]:
+    """Target and an unrelated draft over a 16-word vocabulary, for exact enumeration."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(SMALL_WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>")
+    # a moderate init: distributions spread over several tokens, so that sampling matters
+    target = build_model(root / "small_target", "llama", fast, seed=11, layers=2,
+                         initializer_range=0.08)
+    draft = build_model(root / "small_draft", "llama", fast, seed=12, layers=1,
+                        initializer_range=0.08)
+    return target, draft

@@ -1,0 +1,58 @@
+"""Sampling settings and the logits → probabilities processing shared by p and q.
+
+Temperature, then top-k, then top-p, in the order and with the tie rules of
+Hugging Face's logits warpers, so that a bundle samples as `generate` would.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0      # 0: greedy
+    top_k: int = 0                # 0: off
+    top_p: float = 1.0            # 1.0: off
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        t, k, p = self.temperature, self.top_k, self.top_p
+        if not isinstance(t, (int, float)) or not np.isfinite(t) or t < 0:
+            raise ConfigError(f"temperature={t!r} must be a number >= 0 (0 means greedy).")
+        if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 0:
+            raise ConfigError(f"top_k={k!r} must be an integer >= 0 (0 turns it off).")
+        if not isinstance(p, (int, float)) or not 0 < p <= 1:
+            raise ConfigError(f"top_p={p!r} must be in (0, 1] (1 turns it off).")
+        if self.seed is not None and (not isinstance(self.seed, (int, np.integer)) or self.seed < 0):
+            raise ConfigError(f"seed={self.seed!r} must be a non-negative integer or None.")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Processed distribution (vocab,) float64 for one position's logits (vocab,)."""
+    scores = logits.astype(np.float64) / params.temperature
+    if params.top_k and params.top_k < scores.shape[-1]:
+        kth = np.partition(scores, -params.top_k)[-params.top_k]
+        scores = np.where(scores < kth, -np.inf, scores)
+    if params.top_p < 1.0:
+        order = np.argsort(scores, kind="stable")                 # ascending
+        ranked = np.exp(scores[order] - scores[order[-1]])
+        cumulative = np.cumsum(ranked / ranked.sum())
+        remove = cumulative <= 1 - params.top_p
+        remove[-1] = False                                        # keep at least one token
+        scores[order[remove]] = -np.inf
+    probs = np.exp(scores - scores.max())
+    return probs / probs.sum()
+
+
+def sample(probs: np.ndarray, u: float) -> int:
+    """Inverse-CDF sampling with one uniform u in [0, 1)."""
+    cdf = np.cumsum(probs)
+    return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), len(probs) - 1))

@@ -1,0 +1,165 @@
+"""Speculative sampling leaves the target's distribution exactly unchanged.
+
+On a 16-token pair the joint distribution of the first two generated tokens is
+enumerated from the Hugging Face target; samples from the runtime must match
+it (chi-square), and a deliberately wrong rule must not.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from ssd_runtime import ConfigError, Generator
+from ssd_runtime.acceptance import SamplingAcceptance
+from ssd_runtime.loop import Stats, decode
+from ssd_runtime.sampling import SamplingParams, probabilities
+
+PROMPT = [0, 5, 6, 7]
+EOS = 1
+SAMPLES = 3000
+SETTINGS = [dict(temperature=1.0), dict(temperature=0.7, top_k=8), dict(temperature=1.0, top_p=0.9)]
+
+
+def hf_processed(logits, temperature, top_k=0, top_p=1.0):
+    import torch
+    from transformers.generation.logits_process import (TemperatureLogitsWarper,
+                                                        TopKLogitsWarper, TopPLogitsWarper)
+
+    scores = torch.as_tensor(np.asarray(logits, np.float32))[None]
+    scores = TemperatureLogitsWarper(temperature)(None, scores)
+    if top_k:
+        scores = TopKLogitsWarper(top_k)(None, scores)
+    if top_p < 1:
+        scores = TopPLogitsWarper(top_p)(None, scores)
+    return scores.softmax(-1)[0].double().numpy()
+
+
+@pytest.mark.parametrize("setting", SETTINGS + [dict(temperature=1.3, top_k=3, top_p=0.5)])
+def test_processing_matches_hugging_face_warpers(setting):
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        logits = rng.normal(0, 3, size=50).astype(np.float32)
+        ours = probabilities(logits, SamplingParams(**setting))
+        np.testing.assert_allclose(ours, hf_processed(logits, **setting), atol=1e-6)
+
+
+def exact_joint(target_dir, setting) -> dict[tuple[int, int], float]:
+    """P(t1, t2) under the target alone, from Hugging Face logits; t2 = -1 after EOS."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    with torch.no_grad():
+        p1 = hf_processed(model(torch.tensor([PROMPT])).logits[0, -1].numpy(), **setting)
+        seconds = torch.tensor([PROMPT + [t] for t in range(len(p1))])
+        last = model(seconds).logits[:, -1].numpy()          # (V, V)
+    joint = {}
+    for t1, pt1 in enumerate(p1):
+        if pt1 == 0:
+            continue
+        if t1 == EOS:
+            joint[t1, -1] = pt1
+            continue
+        for t2, pt2 in enumerate(hf_processed(last[t1], **setting)):
+            if pt2 > 0:
+                joint[t1, t2] = pt1 * pt2
+    return joint
+
+
+def chi_square_p(samples: list[tuple[int, int]], joint: dict) -> float:
+    counts: dict = {}
+    for s in samples:
+        counts[s] = counts.get(s, 0) + 1
+    assert set(counts) <= set(joint), "sampled a pair the target gives probability 0"
+    n = len(samples)
+    big = [c for c, p in joint.items() if p * n >= 5]
+    observed = [counts.get(c, 0) for c in big] + [n - sum(counts.get(c, 0) for c in big)]
+    expected = [joint[c] * n for c in big] + [n - sum(joint[c] * n for c in big)]
+    if expected[-1] < 1e-9:
+        observed, expected = observed[:-1], expected[:-1]
+    return float(chisquare(observed, expected).pvalue)
+
+
+def first_two(ids: list[int]) -> tuple[int, int]:
+    return (ids[0], -1) if ids[0] == EOS else (ids[0], ids[1])
+
+
+@pytest.fixture(scope="module")
+def small(small_vocab_bundle):
+    bundle, target_dir = small_vocab_bundle
+    return Generator.load(bundle), target_dir
+
+
+@pytest.mark.parametrize("k", [1, 4])
+@pytest.mark.parametrize("setting", SETTINGS, ids=["t1", "t0.7-k8", "p0.9"])
+def test_speculative_sampling_is_lossless(small, setting, k):
+    gen, target_dir = small
+    joint = exact_joint(target_dir, setting)
+    samples = [first_two(gen.generate(PROMPT, max_new_tokens=k + 1, k=k, seed=s,
+                                      **setting).token_ids) for s in range(SAMPLES)]
+    p = chi_square_p(samples, joint)
+    assert p > 1e-3, f"speculative samples do not follow the target (chi-square p={p:.2g})"
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=["t1", "t0.7-k8", "p0.9"])
+def test_plain_sampling_follows_the_target(small, setting):
+    gen, target_dir = small
+    plain = [first_two(gen.generate(PROMPT, max_new_tokens=2, k=0, seed=s, **setting).token_ids)
+             for s in range(SAMPLES)]
+    assert chi_square_p(plain, exact_joint(target_dir, setting)) > 1e-3
+
+
+class AlwaysAccept(SamplingAcceptance):
+    """A wrong rule: trust the draft blindly."""
+
+    def decide(self, target_logits, drafts, draft_probs, accept_u, final_u):
+        p = probabilities(target_logits[len(drafts)], self.params)
+        return len(drafts), int(np.searchsorted(np.cumsum(p), final_u * p.sum(), side="right"))
+
+
+def test_the_test_rejects_a_wrong_rule(small):
+    gen, target_dir = small
+    setting = SETTINGS[0]
+    joint = exact_joint(target_dir, setting)
+    samples = []
+    for s in range(SAMPLES):
+        rule = AlwaysAccept(SamplingParams(**setting, seed=s))
+        ids = [t for new in decode(gen.target, gen.draft, rule, PROMPT, 5, 4, {EOS}, Stats())
+               for t in new]
+        samples.append(first_two(ids))
+    assert chi_square_p(samples, joint) < 1e-6
+
+
+def test_seed_makes_sampling_reproducible(small):
+    gen, _ = small
+    a = gen.generate(PROMPT, max_new_tokens=30, k=3, temperature=1.0, seed=7).token_ids
+    b = gen.generate(PROMPT, max_new_tokens=30, k=3, temperature=1.0, seed=7).token_ids
+    c = gen.generate(PROMPT, max_new_tokens=30, k=3, temperature=1.0, seed=8).token_ids
+    assert a == b and a != c
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(temperature=-0.1), r"temperature=-0.1 must be a number >= 0"),
+    (dict(temperature=1.0, top_p=0.0), r"top_p=0.0 must be in \(0, 1\]"),
+    (dict(temperature=1.0, top_p=1.5), r"top_p=1.5 must be in \(0, 1\]"),
+    (dict(temperature=1.0, top_k=-1), r"top_k=-1 must be an integer >= 0"),
+    (dict(stop="x"), r"stop='x' must be a list of strings"),
+])
+def test_bad_sampling_settings(small, bad, match):
+    gen, _ = small
+    with pytest.raises(ConfigError, match=match):
+        gen.stream(PROMPT, **bad)
+
+
+def test_stop_strings(bundle_factory):
+    gen = Generator.load(bundle_factory("llama", "llama_cut"))
+    full = gen.generate("def f(x):", max_new_tokens=40, k=3)
+    stop = full.text[10:13]
+    cut = full.text.index(stop)
+    for k in (0, 3):
+        res = gen.generate("def f(x):", max_new_tokens=40, k=k, stop=[stop, "never-seen"])
+        assert res.stop_reason == "stop"
+        assert res.text == full.text[:cut]
+        assert res.token_ids == full.token_ids[:len(res.token_ids)]
+        assert "".join(gen.stream("def f(x):", max_new_tokens=40, k=k, stop=[stop])) == res.text
