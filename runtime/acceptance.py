@@ -16,7 +16,7 @@ class GreedyAcceptance:
     """Accept the longest prefix on which the draft agrees with the target's argmax."""
 
     def draft_pick(self, logits: np.ndarray) -> tuple[int, np.ndarray | None]:
-        return int(np.argmax(logits)), None     # logits: (vocab,)
+        return int(np.argmax(logits[-1])), None     # logits: (new_len, vocab); the last row
 
     def verify(self, target_logits: np.ndarray, drafts: list[int],
                draft_probs: list[np.ndarray | None]) -> tuple[int, int]:
@@ -37,7 +37,7 @@ class SamplingAcceptance:
         self.rng = np.random.default_rng(params.seed)
 
     def draft_pick(self, logits: np.ndarray) -> tuple[int, np.ndarray]:
-        q = probabilities(logits, self.params)          # (vocab_draft,)
+        q = probabilities(logits[-1], self.params)      # (vocab_draft,) from the last row
         return sample(q, self.rng.random()), q
 
     def verify(self, target_logits: np.ndarray, drafts: list[int],
@@ -63,8 +63,13 @@ class SamplingAcceptance:
         return len(drafts), sample(p, final_u)
 
 
-def make_rule(params: SamplingParams) -> GreedyAcceptance | SamplingAcceptance:
-    return GreedyAcceptance() if params.greedy else SamplingAcceptance(params)
+def make_rule(params: SamplingParams, heads=None):
+    """The host rule, or the same rule on the bundle's ONNX heads when `heads` is given."""
+    if heads is None:
+        return GreedyAcceptance() if params.greedy else SamplingAcceptance(params)
+    from .heads import FusedGreedyAcceptance, FusedSamplingAcceptance
+
+    return FusedGreedyAcceptance(heads) if params.greedy else FusedSamplingAcceptance(heads, params)
 
 
 def _fit(q: np.ndarray, n: int) -> np.ndarray:

@@ -13,6 +13,7 @@ from typing import Iterator, Sequence
 from .acceptance import make_rule
 from .backends import open_sessions
 from .errors import ConfigError
+from .heads import HeadSessions
 from .loop import Stats, decode
 from .manifest import Manifest, read_manifest
 from .sampling import SamplingParams
@@ -29,20 +30,25 @@ class GenerationResult:
 
 class Generator:
     def __init__(self, root: Path, manifest: Manifest, backend: str = "auto",
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, fused_heads: bool | None = None) -> None:
         self.root, self.manifest = root, manifest
         self.codec = TextCodec(root, manifest.tokenizer)
         self.target, self.draft = open_sessions(root, manifest, backend, threads)
         self.backend = self.target.backend
+        if fused_heads is None:              # on a device, decisions stay next to the logits
+            fused_heads = self.backend != "cpu" and bool(manifest.heads)
+        self.heads = HeadSessions(root, manifest.heads, ["CPUExecutionProvider"]) \
+            if fused_heads else None
         self.eos_ids = set(manifest.tokenizer.eos_token_ids)
         self.last_result: GenerationResult | None = None
 
     @classmethod
     def load(cls, bundle: str | Path, backend: str = "auto", threads: int | None = None,
-             verify: bool = True) -> Generator:
-        """Open a bundle written by ssd-export; `verify` checks every file's sha256."""
+             verify: bool = True, fused_heads: bool | None = None) -> Generator:
+        """Open a bundle written by ssd-export; `verify` checks every file's sha256.
+        `fused_heads`: make decisions with the bundle's ONNX heads (default: on a GPU)."""
         root = Path(bundle)
-        return cls(root, read_manifest(root, verify=verify), backend, threads)
+        return cls(root, read_manifest(root, verify=verify), backend, threads, fused_heads)
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, k: int = 4,
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
@@ -66,8 +72,8 @@ class Generator:
                 stop: Sequence[str] | None) -> Iterator[str]:
         stats = Stats(backend=self.backend, k=k, prompt_tokens=len(ids))
         text = TextStream(self.codec, list(stop or []))
-        rounds = decode(self.target, self.draft, make_rule(params), ids, max_new_tokens, k,
-                        self.eos_ids, stats)
+        rule = make_rule(params, self.heads)
+        rounds = decode(self.target, self.draft, rule, ids, max_new_tokens, k, self.eos_ids, stats)
         try:
             for new in rounds:
                 if piece := text.push(new):

@@ -88,7 +88,7 @@ def decode(target: ModelSession, draft: ModelSession,
                     draft_len, feed = draft_len + len(feed) - 1, feed[-1:]
                 logits = draft.forward(np.asarray(feed, np.int64), draft_len)
                 draft_len += len(feed)
-                token, q = rule.draft_pick(logits[-1])
+                token, q = rule.draft_pick(logits)
                 drafts.append(token)
                 draft_probs.append(q)
                 feed = [token]

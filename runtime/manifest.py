@@ -58,7 +58,7 @@ class Manifest:
     target: ModelEntry
     draft: ModelEntry
     tokenizer: TokenizerEntry
-    heads: list[str] = field(default_factory=list)
+    heads: dict[str, str] = field(default_factory=dict)   # head name -> relative path
     build: dict[str, Any] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)   # relative path -> sha256
     format: str = FORMAT
@@ -86,7 +86,7 @@ class Manifest:
                 target=ModelEntry(**data["models"]["target"]),
                 draft=ModelEntry(**data["models"]["draft"]),
                 tokenizer=TokenizerEntry(**data["tokenizer"]),
-                heads=list(data.get("heads", [])),
+                heads=dict(data.get("heads", {})),
                 build=dict(data.get("build", {})),
                 files=dict(data.get("files", {})),
                 schema_version=version,

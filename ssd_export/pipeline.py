@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from time import perf_counter, strftime
 
+from ssd_graphs.heads import write_heads
 from ssd_graphs.trace import OPSET, TracedModel, export_decoder
 from ssd_runtime import __version__, contract
 from ssd_runtime.errors import ConfigError
@@ -50,7 +51,8 @@ def export_bundle(config: ExportConfig) -> Manifest:
                 parity[loaded.role] = check_parity(loaded.model, traced[loaded.role].path,
                                                    loaded.role, config.max_draft, config.dtype,
                                                    max_context)
-        with log.stage("write tokenizer and manifest"):
+        with log.stage("write heads, tokenizer and manifest"):
+            heads = {name: f"heads/{file}" for name, file in write_heads(root / "heads").items()}
             target.tokenizer.save_pretrained(root / "tokenizer")
             manifest = Manifest(
                 max_context=max_context, max_draft=config.max_draft,
@@ -62,7 +64,7 @@ def export_bundle(config: ExportConfig) -> Manifest:
                     bos_token_id=target.tokenizer.bos_token_id,
                     pad_token_id=target.tokenizer.pad_token_id,
                     chat_template=getattr(target.tokenizer, "chat_template", None)),
-                build=_build_info(config),
+                heads=heads, build=_build_info(config),
             )
             manifest = finish_manifest(root, manifest)
     log.done(config.output)
