@@ -16,7 +16,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("bundle", help="bundle folder written by ssd-export")
     p.add_argument("--prompt", required=True, help="prompt text")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--k", type=int, default=4, help="draft tokens per round; 0 = target alone")
+    p.add_argument("--k", type=_k_value, default="auto",
+                   help="draft tokens per round: auto (default, adaptive) or N; 0 = target alone")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
@@ -57,9 +58,19 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def _k_value(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"k must be 'auto' or an integer, not {text!r}") from None
+
+
 def format_stats(s) -> str:
     sec = s.seconds
-    return (f"[{s.backend}] k={s.k} stop={s.stop_reason} tokens={s.new_tokens} "
+    return (f"[{s.backend}] k={s.k} (mean {s.mean_k:.1f}) stop={s.stop_reason} "
+            f"tokens={s.new_tokens} "
             f"tokens/s={s.tokens_per_s:.1f} rounds={s.rounds} acceptance={s.acceptance_rate:.2f} "
             f"accepted/round={s.mean_accepted_per_round:.2f} | prefill {sec['prefill'] * 1e3:.1f} ms, "
             f"draft {sec['draft'] * 1e3:.1f} ms, verify {sec['verify'] * 1e3:.1f} ms, "

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, Literal, Sequence
 
 from .acceptance import make_rule
 from .backends import open_sessions
 from .errors import ConfigError
 from .heads import HeadSessions
 from .loop import Stats, decode
+from .perf import AdaptiveK, CostModel, FixedK, calibrate
 from .manifest import Manifest, read_manifest
 from .sampling import SamplingParams
 from .text import TextCodec, TextStream
@@ -41,6 +42,7 @@ class Generator:
             if fused_heads else None
         self.eos_ids = set(manifest.tokenizer.eos_token_ids)
         self.last_result: GenerationResult | None = None
+        self._cost: CostModel | None = None
 
     @classmethod
     def load(cls, bundle: str | Path, backend: str = "auto", threads: int | None = None,
@@ -50,7 +52,8 @@ class Generator:
         root = Path(bundle)
         return cls(root, read_manifest(root, verify=verify), backend, threads, fused_heads)
 
-    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, k: int = 4,
+    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128,
+                 k: int | Literal["auto"] = "auto",
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                  seed: int | None = None, stop: Sequence[str] | None = None) -> GenerationResult:
         for _ in self.stream(prompt, max_new_tokens, k, temperature, top_k, top_p, seed, stop):
@@ -58,7 +61,8 @@ class Generator:
         assert self.last_result is not None
         return self.last_result
 
-    def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 128, k: int = 4,
+    def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 128,
+               k: int | Literal["auto"] = "auto",
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                seed: int | None = None, stop: Sequence[str] | None = None) -> Iterator[str]:
         """Yield text pieces as tokens are accepted; `last_result` holds the whole result.
@@ -73,7 +77,10 @@ class Generator:
         stats = Stats(backend=self.backend, k=k, prompt_tokens=len(ids))
         text = TextStream(self.codec, list(stop or []))
         rule = make_rule(params, self.heads)
-        rounds = decode(self.target, self.draft, rule, ids, max_new_tokens, k, self.eos_ids, stats)
+        schedule = AdaptiveK(self.cost_model(), self.manifest.max_draft) if k == "auto" \
+            else FixedK(k)
+        rounds = decode(self.target, self.draft, rule, ids, max_new_tokens, schedule,
+                        self.eos_ids, stats)
         try:
             for new in rounds:
                 if piece := text.push(new):
@@ -90,6 +97,12 @@ class Generator:
 
     def encode(self, text: str) -> list[int]:
         return self.codec.encode(text)
+
+    def cost_model(self) -> CostModel:
+        """c and v(k) of this bundle on this machine, measured once and cached."""
+        if self._cost is None:
+            self._cost = calibrate(self.target, self.draft, self.manifest.max_draft)
+        return self._cost
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -111,10 +124,12 @@ class Generator:
         return ids
 
     def _check(self, k: int, max_new_tokens: int, stop: Sequence[str] | None) -> None:
-        if not isinstance(k, int) or k < 0 or k > self.manifest.max_draft:
+        if k == "auto":
+            pass
+        elif not isinstance(k, int) or isinstance(k, bool) or k < 0 or k > self.manifest.max_draft:
             raise ConfigError(f"k={k!r} is outside [0, {self.manifest.max_draft}], the bundle's "
-                              f"max_draft. ---> HINT: use a smaller k, or re-export with "
-                              f"ssd-export --max-draft {k}.")
+                              f"max_draft, and is not 'auto'. ---> HINT: use k='auto' or a "
+                              f"smaller k, or re-export with ssd-export --max-draft {k}.")
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be a positive integer.")
         if stop is not None and (isinstance(stop, str) or

@@ -14,12 +14,13 @@ import numpy as np
 
 from .acceptance import GreedyAcceptance, SamplingAcceptance
 from .backends.base import ModelSession
+from .perf import AdaptiveK, FixedK
 
 
 @dataclass
 class Stats:
     backend: str = "cpu"
-    k: int = 0
+    k: int | str = 0              # the k asked for: an int, or "auto"
     prompt_tokens: int = 0
     new_tokens: int = 0
     rounds: int = 0
@@ -41,6 +42,10 @@ class Stats:
         return self.accepted / self.rounds if self.rounds else 0.0
 
     @property
+    def mean_k(self) -> float:
+        return self.drafted / self.rounds if self.rounds else 0.0
+
+    @property
     def tokens_per_s(self) -> float:
         decode = self.seconds["decode"]
         return self.new_tokens / decode if decode > 0 else 0.0
@@ -48,13 +53,13 @@ class Stats:
     def as_dict(self) -> dict:
         return {**{k: v for k, v in self.__dict__.items() if k != "seconds"},
                 "acceptance_rate": self.acceptance_rate,
-                "mean_accepted_per_round": self.mean_accepted_per_round,
+                "mean_accepted_per_round": self.mean_accepted_per_round, "mean_k": self.mean_k,
                 "tokens_per_s": self.tokens_per_s, "seconds": dict(self.seconds)}
 
 
 def decode(target: ModelSession, draft: ModelSession,
            rule: GreedyAcceptance | SamplingAcceptance, prompt: list[int], max_new_tokens: int,
-           k: int, eos_ids: set[int], stats: Stats) -> Iterator[list[int]]:
+           schedule: FixedK | AdaptiveK, eos_ids: set[int], stats: Stats) -> Iterator[list[int]]:
     """Yield the tokens of each round until EOS, max_new_tokens or the context end.
 
     A consumer may stop early (close the generator); the stats stay consistent.
@@ -63,7 +68,7 @@ def decode(target: ModelSession, draft: ModelSession,
     seq = list(prompt)                       # every token; seq[p] sits at position p
     target.prefill(np.asarray(seq[:-1], np.int64))
     target_len = draft_len = len(seq) - 1    # rows of valid keys/values in each cache
-    if k > 0:
+    if schedule.uses_draft:
         draft.prefill(np.asarray(seq[:-1], np.int64))
     else:
         draft_len = 0                        # the draft catches up if it is ever used
@@ -77,7 +82,7 @@ def decode(target: ModelSession, draft: ModelSession,
             if produced >= max_new_tokens or room <= 0:
                 stats.stop_reason = "length" if produced >= max_new_tokens else "context"
                 return
-            k_round = min(k, room - 1, max_new_tokens - produced - 1)
+            k_round = min(schedule.next_k(), room - 1, max_new_tokens - produced - 1)
             # draft k_round tokens; the first step also feeds tokens the draft has not seen
             t0 = perf_counter()
             drafts, draft_probs = [], []
@@ -92,11 +97,14 @@ def decode(target: ModelSession, draft: ModelSession,
                 drafts.append(token)
                 draft_probs.append(q)
                 feed = [token]
+                if not schedule.keep_drafting(len(drafts), logits):
+                    break
             t1 = perf_counter()
             # verify: one target pass over [last, d1..dk] at positions target_len..target_len+k
             logits = target.forward(np.asarray([seq[-1], *drafts], np.int64), target_len)
             t2 = perf_counter()
             j, t = rule.verify(logits, drafts, draft_probs)
+            schedule.observe(len(drafts), j)
             target_len += j + 1                      # rows for last, d1..dj stay valid
             draft_len = min(draft_len, target_len)   # when j = k, dk is the catch-up token
             new = [*drafts[:j], t]
@@ -106,8 +114,8 @@ def decode(target: ModelSession, draft: ModelSession,
             seq += new
             stats.rounds += 1
             stats.target_calls += 1
-            stats.draft_calls += k_round
-            stats.drafted += k_round
+            stats.draft_calls += len(drafts)
+            stats.drafted += len(drafts)
             stats.accepted += j
             spent["draft"] += t1 - t0
             spent["verify"] += t2 - t1
