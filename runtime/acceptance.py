@@ -34,17 +34,17 @@ class SamplingAcceptance:
 
     def __init__(self, params: SamplingParams) -> None:
         self.params = params
-        self.rng = np.random.default_rng(params.seed)
+        self.draft_rng, self.verify_rng = random_streams(params.seed)
 
     def draft_pick(self, logits: np.ndarray) -> tuple[int, np.ndarray]:
         q = probabilities(logits[-1], self.params)      # (vocab_draft,) from the last row
-        return sample(q, self.rng.random()), q
+        return sample(q, self.draft_rng.random()), q
 
     def verify(self, target_logits: np.ndarray, drafts: list[int],
                draft_probs: list[np.ndarray]) -> tuple[int, int]:
         k = len(drafts)
-        accept_u = self.rng.random(k)                   # one uniform per draft token
-        final_u = self.rng.random()                     # for the correction or the bonus
+        accept_u = self.verify_rng.random(k)            # one uniform per draft token
+        final_u = self.verify_rng.random()              # for the correction or the bonus
         return self.decide(target_logits, drafts, draft_probs, accept_u, final_u)
 
     def decide(self, target_logits: np.ndarray, drafts: list[int], draft_probs: list[np.ndarray],
@@ -61,6 +61,13 @@ class SamplingAcceptance:
             return j, sample(residual, final_u)
         p = probabilities(target_logits[len(drafts)], self.params)
         return len(drafts), sample(p, final_u)
+
+
+def random_streams(seed: int | None) -> tuple[np.random.Generator, np.random.Generator]:
+    """Independent streams for the draft and the verifier, so that a draft running on
+    another thread (split mode) keeps runs reproducible."""
+    draft, verify = np.random.SeedSequence(seed).spawn(2)
+    return np.random.default_rng(draft), np.random.default_rng(verify)
 
 
 def make_rule(params: SamplingParams, heads=None):

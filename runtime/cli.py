@@ -24,6 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
     p.add_argument("--stop", action="append", default=None, metavar="TEXT",
                    help="stop when this text appears (repeatable); it is not printed")
+    p.add_argument("--mode", choices=("sequential", "split"), default="sequential",
+                   help="split: draft the next round while the target verifies")
     p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda", "trt"))
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads")
     p.add_argument("--stats", action="store_true", help="print speed and acceptance to stderr")
@@ -38,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
 
         gen = Generator.load(args.bundle, backend=args.backend, threads=args.threads)
         options = dict(max_new_tokens=args.max_new_tokens, k=args.k, temperature=args.temperature,
-                       top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop)
+                       top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,
+                       mode=args.mode)
         if args.json:
             res = gen.generate(args.prompt, **options)
             print(json.dumps({"text": res.text, "token_ids": res.token_ids,

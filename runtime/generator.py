@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Iterator, Literal, Sequence
 
 from .acceptance import make_rule
-from .backends import open_sessions
+from .backends import Threads, open_sessions
+from .drafting import SequentialDrafter, SplitDrafter
 from .errors import ConfigError
 from .heads import HeadSessions
 from .loop import Stats, decode
@@ -19,6 +20,10 @@ from .perf import AdaptiveK, CostModel, FixedK, calibrate
 from .manifest import Manifest, read_manifest
 from .sampling import SamplingParams
 from .text import TextCodec, TextStream
+
+
+Mode = Literal["sequential", "split"]
+DRAFTERS = {"sequential": SequentialDrafter, "split": SplitDrafter}
 
 
 @dataclass
@@ -31,7 +36,7 @@ class GenerationResult:
 
 class Generator:
     def __init__(self, root: Path, manifest: Manifest, backend: str = "auto",
-                 threads: int | None = None, fused_heads: bool | None = None) -> None:
+                 threads: Threads = None, fused_heads: bool | None = None) -> None:
         self.root, self.manifest = root, manifest
         self.codec = TextCodec(root, manifest.tokenizer)
         self.target, self.draft = open_sessions(root, manifest, backend, threads)
@@ -45,7 +50,7 @@ class Generator:
         self._cost: CostModel | None = None
 
     @classmethod
-    def load(cls, bundle: str | Path, backend: str = "auto", threads: int | None = None,
+    def load(cls, bundle: str | Path, backend: str = "auto", threads: Threads = None,
              verify: bool = True, fused_heads: bool | None = None) -> Generator:
         """Open a bundle written by ssd-export; `verify` checks every file's sha256.
         `fused_heads`: make decisions with the bundle's ONNX heads (default: on a GPU)."""
@@ -55,8 +60,10 @@ class Generator:
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128,
                  k: int | Literal["auto"] = "auto",
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                 seed: int | None = None, stop: Sequence[str] | None = None) -> GenerationResult:
-        for _ in self.stream(prompt, max_new_tokens, k, temperature, top_k, top_p, seed, stop):
+                 seed: int | None = None, stop: Sequence[str] | None = None,
+                 mode: Mode = "sequential") -> GenerationResult:
+        for _ in self.stream(prompt, max_new_tokens, k, temperature, top_k, top_p, seed, stop,
+                             mode):
             pass
         assert self.last_result is not None
         return self.last_result
@@ -64,23 +71,28 @@ class Generator:
     def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 128,
                k: int | Literal["auto"] = "auto",
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-               seed: int | None = None, stop: Sequence[str] | None = None) -> Iterator[str]:
+               seed: int | None = None, stop: Sequence[str] | None = None,
+               mode: Mode = "sequential") -> Iterator[str]:
         """Yield text pieces as tokens are accepted; `last_result` holds the whole result.
         Bad settings raise ConfigError here, before the first piece."""
         params = SamplingParams(temperature, top_k, top_p, seed)
         ids = self._prompt_ids(prompt)
         self._check(k, max_new_tokens, stop)
-        return self._pieces(ids, params, max_new_tokens, k, stop)
+        if mode not in DRAFTERS:
+            raise ConfigError(f"mode={mode!r} is unknown; choose one of {', '.join(DRAFTERS)}.")
+        return self._pieces(ids, params, max_new_tokens, k, stop, mode)
 
-    def _pieces(self, ids: list[int], params: SamplingParams, max_new_tokens: int, k: int,
-                stop: Sequence[str] | None) -> Iterator[str]:
-        stats = Stats(backend=self.backend, k=k, prompt_tokens=len(ids))
+    def _pieces(self, ids: list[int], params: SamplingParams, max_new_tokens: int, k: int | str,
+                stop: Sequence[str] | None, mode: Mode) -> Iterator[str]:
+        stats = Stats(backend=self.backend, k=k, prompt_tokens=len(ids), mode=mode,
+                      threads=f"{self.target.threads}:{self.draft.threads}")
         text = TextStream(self.codec, list(stop or []))
         rule = make_rule(params, self.heads)
         schedule = AdaptiveK(self.cost_model(), self.manifest.max_draft) if k == "auto" \
             else FixedK(k)
-        rounds = decode(self.target, self.draft, rule, ids, max_new_tokens, schedule,
-                        self.eos_ids, stats)
+        drafter = DRAFTERS[mode](self.draft, rule, schedule)
+        rounds = decode(self.target, drafter, rule, ids, max_new_tokens, schedule, self.eos_ids,
+                        stats)
         try:
             for new in rounds:
                 if piece := text.push(new):

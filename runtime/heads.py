@@ -70,16 +70,18 @@ class FusedGreedyAcceptance:
 
 class FusedSamplingAcceptance:
     def __init__(self, heads: HeadSessions, params: SamplingParams) -> None:
+        from .acceptance import random_streams
+
         self.heads, self.params = heads, params
-        self.rng = np.random.default_rng(params.seed)
+        self.draft_rng, self.verify_rng = random_streams(params.seed)
 
     def draft_pick(self, logits: np.ndarray) -> tuple[int, np.ndarray]:
-        return self.heads.sample(logits, self.params, self.rng.random())
+        return self.heads.sample(logits, self.params, self.draft_rng.random())
 
     def verify(self, target_logits: np.ndarray, drafts: list[int],
                draft_probs: list[np.ndarray]) -> tuple[int, int]:
-        accept_u = self.rng.random(len(drafts))
-        final_u = self.rng.random()
+        accept_u = self.verify_rng.random(len(drafts))
+        final_u = self.verify_rng.random()
         uniforms = np.append(accept_u, final_u)
         return self.heads.accept(target_logits, drafts, draft_probs, uniforms, self.params)
 

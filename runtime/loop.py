@@ -14,6 +14,7 @@ import numpy as np
 
 from .acceptance import GreedyAcceptance, SamplingAcceptance
 from .backends.base import ModelSession
+from .drafting import SequentialDrafter
 from .perf import AdaptiveK, FixedK
 
 
@@ -28,6 +29,10 @@ class Stats:
     draft_calls: int = 0
     drafted: int = 0
     accepted: int = 0
+    split_bets: int = 0           # split mode: rounds whose next round was drafted ahead
+    split_hits: int = 0           # ... and whose bet was right
+    mode: str = "sequential"
+    threads: str = ""             # intra-op threads "target:draft"
     stop_reason: str = ""
     seconds: dict[str, float] = field(
         default_factory=lambda: {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "host": 0.0,
@@ -57,7 +62,7 @@ class Stats:
                 "tokens_per_s": self.tokens_per_s, "seconds": dict(self.seconds)}
 
 
-def decode(target: ModelSession, draft: ModelSession,
+def decode(target: ModelSession, drafter: SequentialDrafter,
            rule: GreedyAcceptance | SamplingAcceptance, prompt: list[int], max_new_tokens: int,
            schedule: FixedK | AdaptiveK, eos_ids: set[int], stats: Stats) -> Iterator[list[int]]:
     """Yield the tokens of each round until EOS, max_new_tokens or the context end.
@@ -67,11 +72,9 @@ def decode(target: ModelSession, draft: ModelSession,
     start = perf_counter()
     seq = list(prompt)                       # every token; seq[p] sits at position p
     target.prefill(np.asarray(seq[:-1], np.int64))
-    target_len = draft_len = len(seq) - 1    # rows of valid keys/values in each cache
+    target_len = len(seq) - 1                # rows of valid keys/values in the target's cache
     if schedule.uses_draft:
-        draft.prefill(np.asarray(seq[:-1], np.int64))
-    else:
-        draft_len = 0                        # the draft catches up if it is ever used
+        drafter.prefill(seq[:-1])            # else the draft catches up if it is ever used
     spent = stats.seconds
     spent["prefill"] = perf_counter() - start
     decode_start = perf_counter()
@@ -83,30 +86,17 @@ def decode(target: ModelSession, draft: ModelSession,
                 stats.stop_reason = "length" if produced >= max_new_tokens else "context"
                 return
             k_round = min(schedule.next_k(), room - 1, max_new_tokens - produced - 1)
-            # draft k_round tokens; the first step also feeds tokens the draft has not seen
             t0 = perf_counter()
-            drafts, draft_probs = [], []
-            feed = seq[draft_len:]            # pending catch-up tokens + last
-            for _ in range(k_round):
-                if len(feed) > draft.max_new_len:
-                    draft.prefill(np.asarray(feed[:-1], np.int64), draft_len)
-                    draft_len, feed = draft_len + len(feed) - 1, feed[-1:]
-                logits = draft.forward(np.asarray(feed, np.int64), draft_len)
-                draft_len += len(feed)
-                token, q = rule.draft_pick(logits)
-                drafts.append(token)
-                draft_probs.append(q)
-                feed = [token]
-                if not schedule.keep_drafting(len(drafts), logits):
-                    break
+            drafts, draft_probs = drafter.propose(seq, k_round) if k_round else ([], [])
             t1 = perf_counter()
             # verify: one target pass over [last, d1..dk] at positions target_len..target_len+k
+            drafter.bet(drafts)              # split mode: the draft works on while we verify
             logits = target.forward(np.asarray([seq[-1], *drafts], np.int64), target_len)
             t2 = perf_counter()
             j, t = rule.verify(logits, drafts, draft_probs)
             schedule.observe(len(drafts), j)
-            target_len += j + 1                      # rows for last, d1..dj stay valid
-            draft_len = min(draft_len, target_len)   # when j = k, dk is the catch-up token
+            target_len += j + 1              # rows for last, d1..dj stay valid
+            drafter.settle(target_len, j == len(drafts), t)
             new = [*drafts[:j], t]
             ended = next((i for i, tok in enumerate(new) if tok in eos_ids), None)
             if ended is not None:
@@ -114,7 +104,6 @@ def decode(target: ModelSession, draft: ModelSession,
             seq += new
             stats.rounds += 1
             stats.target_calls += 1
-            stats.draft_calls += len(drafts)
             stats.drafted += len(drafts)
             stats.accepted += j
             spent["draft"] += t1 - t0
@@ -125,6 +114,9 @@ def decode(target: ModelSession, draft: ModelSession,
                 stats.stop_reason = "eos"
                 return
     finally:
+        drafter.close()
+        stats.draft_calls = drafter.draft_calls
+        stats.split_hits, stats.split_bets = drafter.hits, drafter.bets
         spent["decode"] = perf_counter() - decode_start
         spent["host"] = max(0.0, spent["decode"] - spent["draft"] - spent["verify"])
         spent["total"] = perf_counter() - start

@@ -40,7 +40,7 @@ class OrtCpuSession:
                  max_new_len: int, threads: int | None = None) -> None:
         import onnxruntime as ort
 
-        self.name, self.entry = name, entry
+        self.name, self.entry, self.threads = name, entry, threads
         self.max_context, self.max_new_len = max_context, max_new_len
         try:
             self.session = ort.InferenceSession(str(path), session_options(threads),

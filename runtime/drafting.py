@@ -1,0 +1,106 @@
+"""Drafters: who produces the draft tokens of a round, and when.
+
+`SequentialDrafter` drafts k tokens, then the target verifies. `SplitDrafter`
+also drafts round r+1 on a second thread while the target verifies round r,
+betting that all of round r is accepted and guessing the target's bonus
+token (as in "speculative speculative decoding"); on a hit the next round
+needs no drafting, on a miss the extra rows are dropped (free rollback).
+"""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from .backends.base import ModelSession
+
+
+class SequentialDrafter:
+    def __init__(self, draft: ModelSession, rule, schedule) -> None:
+        self.draft, self.rule, self.schedule = draft, rule, schedule
+        self.draft_len = 0                     # rows of valid keys/values in the draft's cache
+        self.hits = self.bets = self.draft_calls = 0
+
+    def prefill(self, ids: list[int]) -> None:
+        self.draft.prefill(np.asarray(ids, np.int64))
+        self.draft_len = len(ids)
+
+    def propose(self, seq: list[int], k: int) -> tuple[list[int], list]:
+        """Draft up to k tokens after seq; the first step also feeds unseen tokens."""
+        return self._draft(seq[self.draft_len:], k, self.schedule.keep_drafting)
+
+    def bet(self, drafts: list[int]) -> None:
+        """Called while the target verifies `drafts`; the sequential drafter waits."""
+
+    def settle(self, target_len: int, accepted_all: bool, next_token: int) -> None:
+        self.draft_len = min(self.draft_len, target_len)   # when all accepted, dk is pending
+
+    def close(self) -> None:
+        pass
+
+    def _draft(self, feed: list[int], k: int, keep_going, stop: threading.Event | None = None):
+        drafts, probs = [], []
+        for _ in range(k):
+            if stop is not None and stop.is_set():
+                break
+            if len(feed) > self.draft.max_new_len:
+                self.draft.prefill(np.asarray(feed[:-1], np.int64), self.draft_len)
+                self.draft_len, feed = self.draft_len + len(feed) - 1, feed[-1:]
+            logits = self.draft.forward(np.asarray(feed, np.int64), self.draft_len)
+            self.draft_len += len(feed)
+            self.draft_calls += 1
+            token, q = self.rule.draft_pick(logits)
+            drafts.append(token)
+            probs.append(q)
+            feed = [token]
+            if not keep_going(len(drafts), logits):
+                break
+        return drafts, probs
+
+
+class SplitDrafter(SequentialDrafter):
+    def __init__(self, draft: ModelSession, rule, schedule) -> None:
+        super().__init__(draft, rule, schedule)
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="ssd-draft")
+        self.stop = threading.Event()
+        self.pending: Future | None = None     # (tokens, probs) drafted after dk
+        self.ready: tuple[list[int], list] | None = None
+
+    def propose(self, seq: list[int], k: int) -> tuple[list[int], list]:
+        if self.ready is None:
+            return super().propose(seq, k)
+        tokens, probs = self.ready              # drafted during the last verification
+        self.ready = None
+        m = min(k, len(tokens))
+        self.draft_len = len(seq) - 1 + m       # rows for last, r1..r(m-1) are valid
+        return tokens[:m], probs[:m]
+
+    def bet(self, drafts: list[int]) -> None:
+        if not drafts:
+            return
+        self.stop.clear()
+        self.bets += 1
+        # guess the bonus token and the next round: k+1 more tokens after dk
+        self.pending = self.pool.submit(self._draft, [drafts[-1]], len(drafts) + 1,
+                                        lambda n, logits: True, self.stop)
+
+    def settle(self, target_len: int, accepted_all: bool, next_token: int) -> None:
+        if self.pending is None:
+            return super().settle(target_len, accepted_all, next_token)
+        if not accepted_all:
+            self.stop.set()                     # the bet is lost: stop after the current step
+        tokens, probs = self.pending.result()
+        self.pending = None
+        if accepted_all and len(tokens) > 1 and tokens[0] == next_token:
+            self.hits += 1
+            self.ready = (tokens[1:], probs[1:])
+        else:
+            self.draft_len = min(self.draft_len, target_len)
+
+    def close(self) -> None:
+        if self.pending is not None:
+            self.stop.set()
+            self.pending.result()
+            self.pending = None
+        self.pool.shutdown(wait=True)
