@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .sampling import SamplingParams, probabilities, sample
+from .sampling import SamplingParams, position_uniform, probabilities, sample
 
 
 class GreedyAcceptance:
     """Accept the longest prefix on which the draft agrees with the target's argmax."""
 
-    def draft_pick(self, logits: np.ndarray) -> tuple[int, np.ndarray | None]:
+    def draft_pick(self, logits: np.ndarray, position: int) -> tuple[int, np.ndarray | None]:
         return int(np.argmax(logits[-1])), None     # logits: (new_len, vocab); the last row
 
     def verify(self, target_logits: np.ndarray, drafts: list[int],
@@ -34,11 +34,12 @@ class SamplingAcceptance:
 
     def __init__(self, params: SamplingParams) -> None:
         self.params = params
-        self.draft_rng, self.verify_rng = random_streams(params.seed)
+        self.draft_key, self.verify_rng = random_streams(params.seed)
 
-    def draft_pick(self, logits: np.ndarray) -> tuple[int, np.ndarray]:
-        q = probabilities(logits[-1], self.params)      # (vocab_draft,) from the last row
-        return sample(q, self.draft_rng.random()), q
+    def draft_pick(self, logits: np.ndarray, position: int) -> tuple[int, np.ndarray]:
+        """Sample the draft token for `position` from q (the last row's distribution)."""
+        q = probabilities(logits[-1], self.params)      # (vocab_draft,)
+        return sample(q, position_uniform(self.draft_key, position)), q
 
     def verify(self, target_logits: np.ndarray, drafts: list[int],
                draft_probs: list[np.ndarray]) -> tuple[int, int]:
@@ -63,11 +64,10 @@ class SamplingAcceptance:
         return len(drafts), sample(p, final_u)
 
 
-def random_streams(seed: int | None) -> tuple[np.random.Generator, np.random.Generator]:
-    """Independent streams for the draft and the verifier, so that a draft running on
-    another thread (split mode) keeps runs reproducible."""
+def random_streams(seed: int | None) -> tuple[int, np.random.Generator]:
+    """A key for the draft's per-position uniforms and a stream for the verifier."""
     draft, verify = np.random.SeedSequence(seed).spawn(2)
-    return np.random.default_rng(draft), np.random.default_rng(verify)
+    return int(draft.generate_state(1, np.uint64)[0]), np.random.default_rng(verify)
 
 
 def make_rule(params: SamplingParams, heads=None):

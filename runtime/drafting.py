@@ -50,7 +50,7 @@ class SequentialDrafter:
             logits = self.draft.forward(np.asarray(feed, np.int64), self.draft_len)
             self.draft_len += len(feed)
             self.draft_calls += 1
-            token, q = self.rule.draft_pick(logits)
+            token, q = self.rule.draft_pick(logits, self.draft_len)   # the token's position
             drafts.append(token)
             probs.append(q)
             feed = [token]

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import BundleError
-from .sampling import SamplingParams
+from .sampling import SamplingParams, position_uniform
 
 REQUIRED = ("argmax", "sample", "accept")
 
@@ -56,7 +56,7 @@ class FusedGreedyAcceptance:
     def __init__(self, heads: HeadSessions) -> None:
         self.heads = heads
 
-    def draft_pick(self, logits: np.ndarray) -> tuple[int, None]:
+    def draft_pick(self, logits: np.ndarray, position: int) -> tuple[int, None]:
         return int(self.heads.argmax(logits[-1:])[0]), None
 
     def verify(self, target_logits: np.ndarray, drafts: list[int],
@@ -73,10 +73,10 @@ class FusedSamplingAcceptance:
         from .acceptance import random_streams
 
         self.heads, self.params = heads, params
-        self.draft_rng, self.verify_rng = random_streams(params.seed)
+        self.draft_key, self.verify_rng = random_streams(params.seed)
 
-    def draft_pick(self, logits: np.ndarray) -> tuple[int, np.ndarray]:
-        return self.heads.sample(logits, self.params, self.draft_rng.random())
+    def draft_pick(self, logits: np.ndarray, position: int) -> tuple[int, np.ndarray]:
+        return self.heads.sample(logits, self.params, position_uniform(self.draft_key, position))
 
     def verify(self, target_logits: np.ndarray, drafts: list[int],
                draft_probs: list[np.ndarray]) -> tuple[int, int]:

@@ -56,3 +56,22 @@ def sample(probs: np.ndarray, u: float) -> int:
     """Inverse-CDF sampling with one uniform u in [0, 1)."""
     cdf = np.cumsum(probs)
     return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), len(probs) - 1))
+
+
+_MASK = (1 << 64) - 1
+
+
+def position_uniform(key: int, position: int) -> float:
+    """A uniform in [0, 1) that depends only on (key, position): splitmix64 of both.
+
+    Draft tokens draw from this instead of a stream, so a draft running ahead on
+    another thread (split mode) and then stopped at any moment leaves the next
+    draws unchanged: runs stay reproducible. Reusing the uniform of a position
+    whose earlier draft token was thrown away is sound: that token took no part
+    in any acceptance decision.
+    """
+    z = (key * 0x9E3779B97F4A7C15 + position + 1) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    z ^= z >> 31
+    return (z >> 11) * (1.0 / (1 << 53))

@@ -12,7 +12,9 @@ from scipy.stats import chisquare
 
 from ssd_runtime import ConfigError, Generator
 from ssd_runtime.acceptance import SamplingAcceptance
+from ssd_runtime.drafting import SequentialDrafter
 from ssd_runtime.loop import Stats, decode
+from ssd_runtime.perf import FixedK
 from ssd_runtime.sampling import SamplingParams, probabilities
 
 PROMPT = [0, 5, 6, 7]
@@ -124,8 +126,9 @@ def test_the_test_rejects_a_wrong_rule(small):
     joint = exact_joint(target_dir, setting)
     samples = []
     for s in range(SAMPLES):
-        rule = AlwaysAccept(SamplingParams(**setting, seed=s))
-        ids = [t for new in decode(gen.target, gen.draft, rule, PROMPT, 5, 4, {EOS}, Stats())
+        rule, schedule = AlwaysAccept(SamplingParams(**setting, seed=s)), FixedK(4)
+        drafter = SequentialDrafter(gen.draft, rule, schedule)
+        ids = [t for new in decode(gen.target, drafter, rule, PROMPT, 5, schedule, {EOS}, Stats())
                for t in new]
         samples.append(first_two(ids))
     assert chi_square_p(samples, joint) < 1e-6
@@ -163,3 +166,17 @@ def test_stop_strings(bundle_factory):
         assert res.text == full.text[:cut]
         assert res.token_ids == full.token_ids[:len(res.token_ids)]
         assert "".join(gen.stream("def f(x):", max_new_tokens=40, k=k, stop=[stop])) == res.text
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_split_mode_sampling_is_lossless(small, k):
+    gen, target_dir = small
+    setting = SETTINGS[1]
+    joint = exact_joint(target_dir, setting)
+    samples = [first_two(gen.generate(PROMPT, max_new_tokens=2 * k + 2, k=k, seed=s,
+                                      mode="split", **setting).token_ids)
+               for s in range(SAMPLES)]
+    assert chi_square_p(samples, joint) > 1e-3
+    again = gen.generate(PROMPT, max_new_tokens=20, k=k, seed=5, mode="split", **setting)
+    assert again.token_ids == gen.generate(PROMPT, max_new_tokens=20, k=k, seed=5, mode="split",
+                                           **setting).token_ids

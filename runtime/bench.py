@@ -1,0 +1,241 @@
+"""`ssd-bench`: speed of every configuration side by side, against k = 0.
+
+Configurations (k × mode × thread placement) are interleaved prompt by
+prompt so that machine noise hits them alike; the report gives tokens/s,
+speed-up, α, c, v(k), the analytic bound and the efficiency measured/bound.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ConfigError, SsdError
+from .perf import CostModel, expected_tokens
+
+
+@dataclass(frozen=True)
+class Config:
+    k: int | str
+    mode: str
+    threads: tuple[int, int]
+
+    @property
+    def name(self) -> str:
+        return f"k={self.k} {self.mode} threads={self.threads[0]}:{self.threads[1]}"
+
+
+def load_prompts(path: str | None) -> list[str]:
+    text = Path(path).read_text() if path else \
+        resources.files("ssd_runtime").joinpath("data/bench_prompts.jsonl").read_text()
+    prompts = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                prompts.append(json.loads(line)["prompt"])
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise ConfigError(f"{path}:{i}: expected a JSON object with a \"prompt\" "
+                                  f"string per line.") from None
+    if not prompts:
+        raise ConfigError(f"{path}: no prompts.")
+    return prompts
+
+
+def run_bench(bundle: str, configs: list[Config], prompts: list[str], max_new_tokens: int,
+              temperature: float, repeats: int) -> dict:
+    from .generator import Generator
+
+    placements = sorted({c.threads for c in configs})
+    gens = {t: Generator.load(bundle, threads=t) for t in placements}
+    costs = {t: gens[t].cost_model() for t in placements}
+    runs: dict[Config, list] = {c: [] for c in configs}
+    for c in configs:                                    # warm-up, not recorded
+        gens[c.threads].generate(prompts[0], max_new_tokens=8, k=c.k, mode=c.mode)
+    for r in range(repeats):
+        for p, prompt in enumerate(prompts):
+            shift = (r * len(prompts) + p) % len(configs)
+            for c in configs[shift:] + configs[:shift]:   # rotate the order every prompt
+                res = gens[c.threads].generate(prompt, max_new_tokens=max_new_tokens, k=c.k,
+                                               mode=c.mode, temperature=temperature,
+                                               seed=p if temperature else None)
+                runs[c].append((p, res.stats))
+    baseline = max(_tokens_per_s(runs[c]) for c in configs if c.k == 0) \
+        if any(c.k == 0 for c in configs) else None
+    rows = [_summary(c, runs[c], costs[c.threads], baseline) for c in configs]
+    return {"bundle": str(bundle), "max_new_tokens": max_new_tokens, "temperature": temperature,
+            "prompts": len(prompts), "repeats": repeats, "baseline_tokens_per_s": baseline,
+            "calibration": {f"{t[0]}:{t[1]}": costs[t].as_dict() for t in placements},
+            "results": rows}
+
+
+def _tokens_per_s(runs: list) -> float:
+    """Median over prompts of each prompt's total tokens / total decode time."""
+    per_prompt: dict[int, list[float]] = {}
+    for p, s in runs:
+        per_prompt.setdefault(p, [0.0, 0.0])
+        per_prompt[p][0] += s.new_tokens
+        per_prompt[p][1] += s.seconds["decode"]
+    return float(np.median([n / t for n, t in per_prompt.values() if t > 0]))
+
+
+def _summary(c: Config, runs: list, cost: CostModel, baseline: float | None) -> dict:
+    stats = [s for _, s in runs]
+    rounds = sum(s.rounds for s in stats)
+    drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
+    seconds = {key: sum(s.seconds[key] for s in stats) for key in ("draft", "verify", "host")}
+    decode = sum(s.seconds["decode"] for s in stats)
+    tps = _tokens_per_s(runs)
+    mean_k = drafted / rounds if rounds else 0.0
+    tokens_per_round = (sum(s.new_tokens for s in stats) / rounds) if rounds else 0.0
+    alpha = _alpha_from_tokens_per_round(tokens_per_round, mean_k)
+    if c.k == "auto":
+        bound = max(cost.speedup(alpha, k) for k in range(len(cost.verify)))
+    else:
+        bound = cost.speedup(alpha, int(c.k))
+    speedup = tps / baseline if baseline else None
+    return {
+        "config": c.name, "k": c.k, "mode": c.mode, "threads": f"{c.threads[0]}:{c.threads[1]}",
+        "tokens_per_s": tps, "ms_per_token": 1e3 / tps if tps else None, "speedup": speedup,
+        "acceptance_rate": accepted / drafted if drafted else 0.0, "alpha": alpha,
+        "mean_k": mean_k, "mean_accepted_per_round": accepted / rounds if rounds else 0.0,
+        "c": cost.c, "v_k": cost.v(min(round(mean_k), len(cost.verify) - 1)),
+        "bound": bound, "efficiency": speedup / bound if speedup else None,
+        "per_round_ms": {k: 1e3 * v / rounds for k, v in seconds.items()} if rounds else {},
+        "host_share": seconds["host"] / decode if decode else 0.0,
+        "split_hit_rate": (sum(s.split_hits for s in stats) / max(1, sum(s.split_bets
+                                                                          for s in stats))),
+    }
+
+
+def _alpha_from_tokens_per_round(tokens: float, k: float) -> float:
+    """Invert tokens per round = (1 - α^(k+1)) / (1 - α) for α, by bisection."""
+    if k < 1e-9 or tokens <= 1.0:
+        return 0.0
+    kk = max(1, round(k))
+    if tokens >= kk + 1:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens(mid, kk) < tokens else (lo, mid)
+    return (lo + hi) / 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ssd-bench", description="Benchmark a bundle: every k and "
+                                "mode side by side against k=0 on the same runtime.")
+    p.add_argument("bundle")
+    p.add_argument("--prompts", help="JSONL file, one {\"prompt\": ...} per line "
+                   "(default: the shipped code prompts)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--k", default="0,1,2,4,8,auto", help="comma-separated ks and/or auto")
+    p.add_argument("--mode", default="sequential", help="comma-separated: sequential,split")
+    p.add_argument("--threads", default=None,
+                   help="comma-separated target:draft placements (default: the runtime's choice "
+                        "for sequential, 1:1 for split)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--json", dest="json_out", help="write the report here")
+    p.add_argument("--plot", help="write a PNG of speed-up vs k (needs matplotlib)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        configs = _configs(args)
+        report = run_bench(args.bundle, configs, load_prompts(args.prompts), args.max_new_tokens,
+                           args.temperature, args.repeats)
+    except SsdError as exc:
+        print(f"ssd-bench: error: {exc}", file=sys.stderr)
+        return 2
+    print(format_table(report))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+    if args.plot:
+        plot(report, args.plot)
+    return 0
+
+
+def _configs(args) -> list[Config]:
+    from .backends import cpu_cores
+
+    try:
+        ks = [k if k == "auto" else int(k) for k in args.k.split(",")]
+        placements = [tuple(int(n) for n in t.split(":")) for t in args.threads.split(",")] \
+            if args.threads else None
+    except ValueError:
+        raise ConfigError(f"--k {args.k!r} / --threads {args.threads!r}: expected e.g. "
+                          f"--k 0,2,4,auto and --threads 2:1,1:1.") from None
+    modes = args.mode.split(",")
+    if bad := [m for m in modes if m not in ("sequential", "split")]:
+        raise ConfigError(f"--mode {bad[0]!r} is unknown; use sequential and/or split.")
+    if placements and any(len(t) != 2 or min(t) < 1 for t in placements):
+        raise ConfigError(f"--threads {args.threads!r}: each placement is TARGET:DRAFT, >= 1.")
+    configs = []
+    for mode in modes:
+        default = [(cpu_cores(), 1)] if mode == "sequential" else [(max(1, cpu_cores() - 1), 1)]
+        for t in placements or default:
+            configs += [Config(k, mode, t) for k in ks if not (mode == "split" and k == 0)]
+    return configs
+
+
+def format_table(report: dict) -> str:
+    head = (f"{'config':<34} {'tok/s':>8} {'x k=0':>6} {'alpha':>6} {'k':>4} {'acc/rd':>6} "
+            f"{'bound':>6} {'eff':>5} {'draft':>7} {'verify':>7} {'host':>6} {'host%':>6}")
+    lines = [head, "-" * len(head)]
+    for r in report["results"]:
+        ms = r["per_round_ms"] or {"draft": 0, "verify": 0, "host": 0}
+        lines.append(
+            f"{r['config']:<34} {r['tokens_per_s']:8.1f} {_f(r['speedup'], 6)} {r['alpha']:6.2f} "
+            f"{r['mean_k']:4.1f} {r['mean_accepted_per_round']:6.2f} {r['bound']:6.2f} "
+            f"{_f(r['efficiency'], 5)} {ms['draft']:7.2f} {ms['verify']:7.2f} {ms['host']:6.2f} "
+            f"{100 * r['host_share']:5.1f}%")
+    for t, cal in report["calibration"].items():
+        v = ", ".join(f"{x:.2f}" for x in cal["v"])
+        lines.append(f"threads {t}: target step {cal['target_step_ms']:.2f} ms, draft step "
+                     f"{cal['draft_step_ms']:.2f} ms, c = {cal['c']:.3f}, v(0..) = {v}")
+    lines.append("per-round times in ms; bound = (1-a^(k+1))/((1-a)(k c + v(k))); "
+                 "eff = measured speed-up / bound")
+    return "\n".join(lines)
+
+
+def plot(report: dict, path: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("ssd-bench: error: --plot needs matplotlib (pip install matplotlib)")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    groups: dict[str, list] = {}
+    for r in report["results"]:
+        if r["k"] != "auto" and r["speedup"] is not None:
+            groups.setdefault(f"{r['mode']} {r['threads']}", []).append(r)
+    for label, rows in groups.items():
+        ks = [r["k"] for r in rows]
+        ax.plot(ks, [r["speedup"] for r in rows], "o-", label=f"measured ({label})")
+        ax.plot(ks, [r["bound"] for r in rows], "--", label=f"bound ({label})")
+    for r in report["results"]:
+        if r["k"] == "auto" and r["speedup"]:
+            ax.axhline(r["speedup"], color="grey", lw=0.8, ls=":")
+            ax.annotate(f"auto ({r['mode']})", (0, r["speedup"]), fontsize=7)
+    ax.set_xlabel("k (draft tokens per round)")
+    ax.set_ylabel("speed-up over k = 0")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def _f(x: float | None, width: int) -> str:
+    return f"{x:{width}.2f}" if x is not None else " " * (width - 1) + "-"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
