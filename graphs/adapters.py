@@ -1,42 +1,151 @@
-"""Per-architecture adapters: where each part of a Hugging Face model lives.
+"""Per-architecture adapters: where each part of a Hugging Face model lives, and how a layer wires them.
 
-An adapter is declarative: attribute paths and a few switches. The one
-`Decoder` in decoder.py reads them; no architecture gets code of its own.
+An adapter is declarative: attribute paths and a few switches, built from the model's
+config by a short function per class. The one `Decoder` in decoder.py reads them; no
+architecture gets code of its own.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ssd_runtime.errors import ConfigError
+
+Positions = Literal["rope", "learned", "alibi"]
+QkvLayout = Literal["split", "grouped"]
 
 
 @dataclass(frozen=True)
 class Adapter:
-    """Where to find the parts of one family of Hugging Face causal LMs."""
+    """Where to find the parts of one Hugging Face causal LM and how its layers connect them.
 
-    classes: tuple[str, ...]          # Hugging Face class names it covers
-    embed: str = "model.embed_tokens"
+    Paths are attribute paths: top-level parts from the model, per-layer parts from a
+    layer, projections from the layer's attention module. A path whose attribute is None
+    on the loaded model (OPT's optional projections and final norm) means "absent".
+    """
+
+    # --- top level (from the model) -----------------------------------------------------
+    embed: str = "model.embed_tokens"     # called as a module; Gemma's scales by sqrt(hidden)
     layers: str = "model.layers"
-    final_norm: str = "model.norm"
-    lm_head: str = "lm_head"
-    rotary: str = "model.rotary_emb"  # module with inv_freq and attention_scaling
-    attn: str = "self_attn"           # inside a layer
-    q: str = "q_proj"                 # inside the attention module
+    final_norm: str | None = "model.norm"
+    lm_head: str = "lm_head"              # tied or not: whatever module Hugging Face calls
+    project_in: str | None = None         # after the embedding (OPT's word_embed_proj_dim)
+    project_out: str | None = None        # before the LM head
+    positions: Positions = "rope"
+    rotary: str = "model.rotary_emb"      # rope: module with inv_freq and attention_scaling
+    pos_embed: str | None = None          # learned: embedding table read at position_ids + offset
+    pos_offset: int = 0
+    # --- a layer ----------------------------------------------------------------------
+    attn: str = "self_attn"
+    input_norm: str = "input_layernorm"   # before attention (after the residual add if "post")
+    attn_out_norm: str | None = None      # on the attention output, before the residual add
+    mlp_norm: str | None = "post_attention_layernorm"  # None: the MLP reads input_norm's output
+    mlp: tuple[str, ...] = ("mlp",)       # modules applied in turn
+    mlp_out_norm: str | None = None       # on the MLP output, before the residual add
+    residual: Literal["sequential", "parallel"] = "sequential"  # parallel: x + attn(.) + mlp(.)
+    norm_position: Literal["pre", "post"] = "pre"
+    # --- the attention module ---------------------------------------------------------
+    q: str = "q_proj"
     k: str = "k_proj"
     v: str = "v_proj"
+    qkv: str | None = None                # one fused projection instead of q, k, v
+    qkv_layout: QkvLayout = "split"       # split: [q | k | v]; grouped: per KV head [q*G, k, v]
     o: str = "o_proj"
-    input_norm: str = "input_layernorm"
-    post_attn_norm: str = "post_attention_layernorm"
-    mlp: str = "mlp"                  # called as a module: mlp(x)
+    q_norm: str | None = None             # per-head norms on q and k (Qwen 3)
+    k_norm: str | None = None
+    head_dim: str = "head_dim"            # attribute names on the attention module
+    scaling: str = "scaling"
+    num_kv_heads: int | None = None       # None: config.num_key_value_heads, else all heads
+    attn_softcap: float | None = None     # scores = cap * tanh(scores / cap)
+    logit_softcap: float | None = None
+    reference_attn: str | None = None     # attention implementation parity compares against
 
 
-LLAMA_FAMILY = Adapter(classes=("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"))
+# --- one builder per family: config -> Adapter --------------------------------------------
 
-REGISTRY: dict[str, Adapter] = {name: a for a in (LLAMA_FAMILY,) for name in a.classes}
+def _llama(config: Any) -> Adapter:
+    return Adapter()
 
-# RoPE types whose frequencies do not depend on the sequence length at run time.
+
+def _qwen3(config: Any) -> Adapter:
+    return Adapter(q_norm="q_norm", k_norm="k_norm")
+
+
+def _phi3(config: Any) -> Adapter:
+    return Adapter(qkv="qkv_proj", qkv_layout="split")
+
+
+def _gemma2(config: Any) -> Adapter:
+    return Adapter(attn_out_norm="post_attention_layernorm", mlp_norm="pre_feedforward_layernorm",
+                   mlp_out_norm="post_feedforward_layernorm",
+                   attn_softcap=config.attn_logit_softcapping,
+                   logit_softcap=config.final_logit_softcapping)
+
+
+def _gpt2(config: Any) -> Adapter:
+    return Adapter(embed="transformer.wte", layers="transformer.h", final_norm="transformer.ln_f",
+                   positions="learned", pos_embed="transformer.wpe", attn="attn",
+                   input_norm="ln_1", mlp_norm="ln_2", qkv="c_attn", qkv_layout="split",
+                   o="c_proj", num_kv_heads=config.num_attention_heads)
+
+
+def _gpt_neox(config: Any) -> Adapter:
+    return Adapter(embed="gpt_neox.embed_in", layers="gpt_neox.layers",
+                   final_norm="gpt_neox.final_layer_norm",
+                   rotary="gpt_neox.rotary_emb", attn="attention", qkv="query_key_value",
+                   qkv_layout="grouped", o="dense", head_dim="head_size",
+                   residual="parallel" if config.use_parallel_residual else "sequential",
+                   num_kv_heads=config.num_attention_heads)
+
+
+def _opt(config: Any) -> Adapter:
+    # OPT-350m style (do_layer_norm_before=False) is post-norm and has no final norm.
+    return Adapter(embed="model.decoder.embed_tokens", layers="model.decoder.layers",
+                   final_norm="model.decoder.final_layer_norm",
+                   project_in="model.decoder.project_in", project_out="model.decoder.project_out",
+                   positions="learned", pos_embed="model.decoder.embed_positions", pos_offset=2,
+                   input_norm="self_attn_layer_norm", mlp_norm="final_layer_norm",
+                   mlp=("fc1", "activation_fn", "fc2"), o="out_proj",
+                   norm_position="pre" if config.do_layer_norm_before else "post",
+                   num_kv_heads=config.num_attention_heads)
+
+
+def _falcon(config: Any) -> Adapter:
+    # Falcon-7B: multi-query, parallel; Falcon-40B/180B (new_decoder_architecture): grouped
+    # KV heads, two norms; Falcon-RW: ALiBi, sequential. All share the grouped QKV layout.
+    new = bool(config.new_decoder_architecture)
+    two_norms = new and (config.num_ln_in_parallel_attn or 2) == 2
+    parallel = new or bool(config.parallel_attn)
+    if two_norms:
+        input_norm, mlp_norm = "ln_attn", "ln_mlp"
+    else:
+        input_norm, mlp_norm = "input_layernorm", None if parallel else "post_attention_layernorm"
+    return Adapter(embed="transformer.word_embeddings", layers="transformer.h",
+                   final_norm="transformer.ln_f", rotary="transformer.rotary_emb",
+                   positions="alibi" if config.alibi else "rope", attn="self_attention",
+                   input_norm=input_norm, mlp_norm=mlp_norm,
+                   residual="parallel" if parallel else "sequential",
+                   qkv="query_key_value", qkv_layout="grouped", o="dense",
+                   scaling="inv_norm_factor",
+                   num_kv_heads=config.num_kv_heads if new or not config.multi_query else 1,
+                   # HF's eager Falcon adds the ALiBi bias twice (in the scores and again
+                   # through the mask); sdpa, its default, matches the original Falcon code.
+                   reference_attn="sdpa" if config.alibi else None)
+
+
+REGISTRY: dict[str, Callable[[Any], Adapter]] = {
+    "LlamaForCausalLM": _llama, "MistralForCausalLM": _llama, "Qwen2ForCausalLM": _llama,
+    "GemmaForCausalLM": _llama, "Qwen3ForCausalLM": _qwen3, "Phi3ForCausalLM": _phi3,
+    "Gemma2ForCausalLM": _gemma2, "GPT2LMHeadModel": _gpt2, "GPTNeoXForCausalLM": _gpt_neox,
+    "OPTForCausalLM": _opt, "FalconForCausalLM": _falcon,
+}
+
+# RoPE types whose frequencies Hugging Face fixes at load time, and those it keeps fixed
+# only up to a context length (dynamic NTK grows past max_position_embeddings; longrope
+# switches to its long factors past original_max_position_embeddings).
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+BOUNDED_ROPE_TYPES = ("dynamic", "longrope")
 
 
 def supported_architectures() -> list[str]:
@@ -46,11 +155,32 @@ def supported_architectures() -> list[str]:
 def adapter_for(model: Any, source: str) -> Adapter:
     """The adapter for a loaded model, or a ConfigError listing what is supported."""
     name = type(model).__name__
-    if name in REGISTRY:
-        return REGISTRY[name]
-    found = name
-    raise ConfigError(f"{source}: architecture {found} is not supported. Supported: "
-                      f"{', '.join(supported_architectures())}.")
+    if name not in REGISTRY:
+        raise ConfigError(f"{source}: architecture {name} is not supported. Supported: "
+                          f"{', '.join(supported_architectures())}.")
+    adapter = REGISTRY[name](model.config)
+    kind = rope_type(model.config)
+    if adapter.positions == "rope" and kind not in STATIC_ROPE_TYPES + BOUNDED_ROPE_TYPES:
+        raise ConfigError(f"{source}: RoPE type {kind!r} is not supported; supported: "
+                          f"{', '.join(STATIC_ROPE_TYPES + BOUNDED_ROPE_TYPES)}.")
+    return adapter
+
+
+def check_rope_context(model: Any, source: str, max_context: int) -> None:
+    """Refuse a context past which Hugging Face would change the RoPE frequencies."""
+    config = model.config
+    kind = rope_type(config)
+    if kind not in BOUNDED_ROPE_TYPES or REGISTRY[type(model).__name__](config).positions != "rope":
+        return
+    params = _rope_params(config)
+    limit = int(params.get("original_max_position_embeddings")
+                or getattr(config, "original_max_position_embeddings", 0)
+                or config.max_position_embeddings) if kind == "longrope" \
+        else int(config.max_position_embeddings)
+    if max_context > limit:
+        raise ConfigError(f"{source}: RoPE type {kind!r} changes its frequencies past {limit} "
+                          f"positions, which one graph cannot reproduce; max_context is "
+                          f"{max_context}. ---> HINT: export with --max-context {limit} or less.")
 
 
 def sliding_windows(config: Any) -> tuple[int | None, ...]:
@@ -59,17 +189,26 @@ def sliding_windows(config: Any) -> tuple[int | None, ...]:
     window = getattr(config, "sliding_window", None)
     types = getattr(config, "layer_types", None)
     if types:
-        return tuple(window if t == "sliding_attention" and window else None for t in types)
+        return tuple(window if t == "sliding_attention" and window else None for t in types[:n])
     return (window,) * n if window else (None,) * n
 
 
 def rope_type(config: Any) -> str:
-    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    return params.get("rope_type", params.get("type", "default")) if isinstance(params, dict) \
-        else "default"
+    params = _rope_params(config)
+    return params.get("rope_type", params.get("type", "default"))
 
 
-def get_path(obj: Any, path: str) -> Any:
+def _rope_params(config: Any) -> dict:
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    return params if isinstance(params, dict) else {}
+
+
+def get_path(obj: Any, path: str | None) -> Any:
+    """The attribute at a dotted path; None for a None path or a None attribute on the way."""
+    if path is None:
+        return None
     for part in path.split("."):
         obj = getattr(obj, part)
+        if obj is None:
+            return None
     return obj

@@ -3,103 +3,110 @@
     inputs   input_ids (B,T), position_ids (B,T), past_key.i / past_value.i (B,P,Hkv,D)
     outputs  logits (B,T,V), new_key.i / new_value.i (B,T,Hkv,D)
 
-It reuses the Hugging Face modules for embeddings, norms, MLPs and the LM
-head, and does attention itself: RoPE, grouped-query attention over
-past + new, a causal mask (with a window for sliding-window layers).
+It reuses the Hugging Face modules for embeddings, norms, MLPs and the LM head, and
+does positions (attention.py, positions.py) and attention itself. The adapter says
+where the modules are and how a layer connects them.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from .adapters import Adapter, get_path, rope_type, sliding_windows, STATIC_ROPE_TYPES
-from ssd_runtime.errors import ConfigError
-
-_NEG = -1e30  # additive mask; finite so that softmax never sees -inf - -inf
+from .adapters import Adapter, get_path, sliding_windows
+from .attention import Heads, attention, causal_mask
+from .positions import Rope, alibi_bias, alibi_slopes
 
 
 class Decoder(nn.Module):
     def __init__(self, model: nn.Module, adapter: Adapter) -> None:
         super().__init__()
         config = model.config
-        kind = rope_type(config)
-        if kind not in STATIC_ROPE_TYPES:
-            raise ConfigError(f"RoPE type {kind!r} is not supported (its frequencies change with "
-                              f"sequence length); supported: {', '.join(STATIC_ROPE_TYPES)}.")
-        self.embed = get_path(model, adapter.embed)
-        self.layers = nn.ModuleList(get_path(model, adapter.layers))
-        self.final_norm = get_path(model, adapter.final_norm)
-        self.lm_head = get_path(model, adapter.lm_head)
-        self.adapter = adapter
-        rotary = get_path(model, adapter.rotary)
-        self.register_buffer("inv_freq", rotary.inv_freq.detach().float().clone(), persistent=False)
-        self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
-        attn = getattr(self.layers[0], adapter.attn)
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = attn.head_dim
-        self.scaling = float(attn.scaling)
+        a = self.adapter = adapter
+        self.embed = get_path(model, a.embed)
+        self.project_in = get_path(model, a.project_in)
+        self.pos_embed = get_path(model, a.pos_embed) if a.positions == "learned" else None
+        self.layers = nn.ModuleList(get_path(model, a.layers))
+        self.final_norm = get_path(model, a.final_norm)
+        self.project_out = get_path(model, a.project_out)
+        self.lm_head = get_path(model, a.lm_head)
+        self.rope = Rope(get_path(model, a.rotary)) if a.positions == "rope" else None
+        attn = [getattr(layer, a.attn) for layer in self.layers]
+        num_heads = config.num_attention_heads
+        num_kv_heads = a.num_kv_heads or getattr(config, "num_key_value_heads", None) or num_heads
+        self.heads = Heads(num_heads, num_kv_heads, int(getattr(attn[0], a.head_dim)))
+        self.scalings = [float(getattr(m, a.scaling)) for m in attn]   # GPT-2 may scale per layer
         self.windows = sliding_windows(config)
+        if a.positions == "alibi":
+            slopes = alibi_slopes(num_heads).view(num_kv_heads, self.heads.groups)  # (Hkv, G)
+            self.register_buffer("alibi_slopes", slopes, persistent=False)
+
+    # KV shapes of the graph contract, read by trace.py
+    @property
+    def num_kv_heads(self) -> int:
+        return self.heads.num_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.heads.head_dim
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
                 *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        x = self.embed(input_ids)                                   # (B, T, H)
-        cos, sin = self._rope(position_ids, x.dtype)                # (B, T, 1, D)
+        a = self.adapter
+        x = self.embed(input_ids)                                   # (B, T, E)
+        if self.project_in is not None:
+            x = self.project_in(x)                                  # (B, T, H)
+        if self.pos_embed is not None:                              # learned absolute positions
+            x = x + nn.functional.embedding(position_ids + a.pos_offset, self.pos_embed.weight)
+        cos_sin = self.rope.tables(position_ids, x.dtype) if self.rope is not None else None
         past_len = past[0].shape[1]
         key_pos = torch.arange(past_len + input_ids.shape[1], device=input_ids.device)  # (S,)
-        masks = {w: self._mask(position_ids, key_pos, w) for w in set(self.windows)}
+        masks = {w: causal_mask(position_ids, key_pos, w) for w in set(self.windows)}  # (B,1,1,T,S)
+        alibi = alibi_bias(self.alibi_slopes, key_pos) if a.positions == "alibi" else None
         outputs: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
-            a = self.adapter
-            h = getattr(layer, a.input_norm)(x)
-            h, new_k, new_v = self._attention(getattr(layer, a.attn), h, cos, sin,
-                                              past[2 * i], past[2 * i + 1], masks[self.windows[i]])
-            x = x + h
-            x = x + getattr(layer, a.mlp)(getattr(layer, a.post_attn_norm)(x))
+            bias = masks[self.windows[i]]
+            if alibi is not None:                                   # Falcon scales it like q·k
+                bias = bias + alibi * self.scalings[i]              # (B, Hkv, G, T, S)
+            x, new_k, new_v = self._layer(layer, x, cos_sin, past[2 * i], past[2 * i + 1],
+                                          self.scalings[i], bias)
             outputs += [new_k, new_v]
-        logits = self.lm_head(self.final_norm(x)).float()          # (B, T, V)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        if self.project_out is not None:
+            x = self.project_out(x)
+        logits = self.lm_head(x).float()                            # (B, T, V)
+        if a.logit_softcap is not None:
+            logits = torch.tanh(logits / a.logit_softcap) * a.logit_softcap
         return (logits, *outputs)
 
-    def _rope(self, position_ids: torch.Tensor, dtype: torch.dtype):
-        freqs = position_ids[..., None].float() * self.inv_freq     # (B, T, D/2)
-        emb = torch.cat((freqs, freqs), dim=-1)                     # (B, T, D)
-        cos = (emb.cos() * self.rope_scale).to(dtype)[:, :, None, :]
-        sin = (emb.sin() * self.rope_scale).to(dtype)[:, :, None, :]
-        return cos, sin
+    def _layer(self, layer: nn.Module, x: torch.Tensor, cos_sin, past_k: torch.Tensor,
+               past_v: torch.Tensor, scaling: float, bias: torch.Tensor):
+        """One block: pre- or post-norm, sequential or parallel residual.
 
-    @staticmethod
-    def _mask(query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None) -> torch.Tensor:
-        """Additive mask (B, 1, 1, T, S): key visible iff key <= query (and within the window)."""
-        q = query_pos[:, :, None]                                   # (B, T, 1)
-        visible = key_pos[None, None, :] <= q                       # (B, T, S)
-        if window is not None:
-            visible = visible & (q - key_pos[None, None, :] < window)
-        zero = torch.zeros((), dtype=torch.float32)
-        neg = torch.full((), _NEG, dtype=torch.float32)
-        return torch.where(visible, zero, neg)[:, None, None, :, :]
-
-    def _attention(self, attn: nn.Module, h: torch.Tensor, cos, sin, past_k, past_v, mask):
+            sequential pre:  x += attn(norm(x));  x += mlp(mlp_norm(x))
+            parallel:        x += attn(norm(x)) + mlp(mlp_norm(x) or norm(x))
+            sequential post: x = norm(x + attn(x));  x = mlp_norm(x + mlp(x))
+        """
         a = self.adapter
-        B, T, _ = h.shape
-        Hkv, D = self.num_kv_heads, self.head_dim
-        G = self.num_heads // Hkv
-        q = getattr(attn, a.q)(h).view(B, T, Hkv * G, D)            # (B, T, H, D)
-        k = getattr(attn, a.k)(h).view(B, T, Hkv, D)                # (B, T, Hkv, D)
-        v = getattr(attn, a.v)(h).view(B, T, Hkv, D)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        keys = torch.cat((past_k, k), dim=1)                        # (B, S, Hkv, D)
-        values = torch.cat((past_v, v), dim=1)
-        q = q.view(B, T, Hkv, G, D).permute(0, 2, 3, 1, 4)         # (B, Hkv, G, T, D)
-        kt = keys.permute(0, 2, 3, 1)[:, :, None]                   # (B, Hkv, 1, D, S)
-        scores = torch.matmul(q, kt).float() * self.scaling + mask  # (B, Hkv, G, T, S)
-        probs = torch.softmax(scores, dim=-1).to(h.dtype)
-        vs = values.permute(0, 2, 1, 3)[:, :, None]                 # (B, Hkv, 1, S, D)
-        out = torch.matmul(probs, vs)                               # (B, Hkv, G, T, D)
-        out = out.permute(0, 3, 1, 2, 4).reshape(B, T, Hkv * G * D)
-        return getattr(attn, a.o)(out), k, v
+        post = a.norm_position == "post"
+        norm = getattr(layer, a.input_norm)
+        mlp_norm = getattr(layer, a.mlp_norm) if a.mlp_norm is not None else None
+        h = x if post else norm(x)
+        attn_out, new_k, new_v = attention(getattr(layer, a.attn), a, self.heads, scaling, h,
+                                           self.rope, cos_sin, past_k, past_v, bias)
+        if a.attn_out_norm is not None:
+            attn_out = getattr(layer, a.attn_out_norm)(attn_out)
+        if a.residual == "parallel":
+            m = self._mlp(layer, mlp_norm(x) if mlp_norm is not None else h)
+            return x + attn_out + m, new_k, new_v
+        x = norm(x + attn_out) if post else x + attn_out
+        m = self._mlp(layer, x if post else mlp_norm(x))
+        x = mlp_norm(x + m) if post else x + m
+        return x, new_k, new_v
 
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    def _mlp(self, layer: nn.Module, h: torch.Tensor) -> torch.Tensor:
+        for name in self.adapter.mlp:
+            h = getattr(layer, name)(h)
+        if self.adapter.mlp_out_norm is not None:
+            h = getattr(layer, self.adapter.mlp_out_norm)(h)
+        return h

@@ -13,7 +13,7 @@ import torch
 
 from ssd_runtime import contract
 
-from .adapters import adapter_for
+from .adapters import adapter_for, check_rope_context
 from .decoder import Decoder
 
 OPSET = 18
@@ -33,6 +33,7 @@ class TracedModel:
 def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context: int) -> TracedModel:
     """Write `path` (model.onnx plus external data) for `model`."""
     decoder = Decoder(model, adapter_for(model, source)).eval()
+    check_rope_context(model, source, max_context)
     n_layers = len(decoder.layers)
     dtype = next(model.parameters()).dtype
     # Example sizes avoid 0 and 1 so that torch.export keeps every axis symbolic.

@@ -6,11 +6,14 @@ whole chain prefill → decode is what gets checked.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ssd_graphs.adapters import adapter_for
 from ssd_runtime import contract
 from ssd_runtime.errors import ParityError
 
@@ -32,7 +35,7 @@ def check_parity(model: Any, onnx_path: Path, role: str, max_draft: int, dtype: 
     rng = np.random.default_rng(seed)
     vocab = model.config.vocab_size
     ids = rng.integers(0, vocab, size=(1, total), dtype=np.int64)
-    with torch.no_grad():
+    with torch.no_grad(), _reference_attention(model, role):
         out = model(torch.from_numpy(ids), use_cache=True)
     ref_logits = out.logits.float().numpy()                                  # (1, S, V)
     ref_kv = _hf_cache(out["cache"] if "cache" in out else out.get("past_key_values"), total)
@@ -41,18 +44,18 @@ def check_parity(model: Any, onnx_path: Path, role: str, max_draft: int, dtype: 
     worst: dict[str, float] = {"logits": 0.0, "new_key": 0.0, "new_value": 0.0}
     abs_tol, rel_tol = _TOLERANCE[dtype]
     for past_len, new_len in cases:
-        past = _run(session, ids[:, :past_len], 0, None, n_layers, model, dtype)[1] \
+        past = _run(session, ids[:, :past_len], 0, None, n_layers, dtype)[1] \
             if past_len else None
         logits, kv = _run(session, ids[:, past_len:past_len + new_len], past_len, past, n_layers,
-                          model, dtype)
+                          dtype)
         ref = ref_logits[:, past_len:past_len + new_len]
         diffs = {"logits": float(np.abs(logits - ref).max())}
-        if ref_kv is not None:
-            sl = slice(past_len, past_len + new_len)
-            diffs["new_key"] = max(float(np.abs(kv[2 * i] - ref_kv[i][0][:, sl]).max())
-                                   for i in range(n_layers))
-            diffs["new_value"] = max(float(np.abs(kv[2 * i + 1] - ref_kv[i][1][:, sl]).max())
-                                     for i in range(n_layers))
+        for name, j in (("new_key", 0), ("new_value", 1)):
+            found = [_kv_diff(kv[2 * i + j], ref_kv[i][0], ref_kv[i][1 + j], past_len)
+                     for i in range(n_layers)] if ref_kv is not None else []
+            found = [d for d in found if d is not None]
+            if found:
+                diffs[name] = max(found)
         limit = abs_tol + rel_tol * float(np.abs(ref).max())
         if diffs["logits"] > limit or max(diffs.values()) > max(limit, 10 * abs_tol):
             shown = ", ".join(f"{k} {v:.3g}" for k, v in diffs.items())
@@ -66,15 +69,14 @@ def check_parity(model: Any, onnx_path: Path, role: str, max_draft: int, dtype: 
 
 
 def _run(session, ids: np.ndarray, past_len: int, past: list[np.ndarray] | None, n_layers: int,
-         model: Any, dtype: str) -> tuple[np.ndarray, list[np.ndarray]]:
-    cfg = model.config
+         dtype: str) -> tuple[np.ndarray, list[np.ndarray]]:
     kv_dtype = np.float16 if dtype == "float16" else np.float32
     feeds = {contract.INPUT_IDS: ids,
              contract.POSITION_IDS: np.arange(past_len, past_len + ids.shape[1])[None]}
     for i in range(n_layers):
         if past is None:
-            head_dim = session.get_inputs()[2 + 2 * i].shape[3]
-            empty = np.zeros((1, 0, cfg.num_key_value_heads, head_dim), kv_dtype)
+            _, _, kv_heads, head_dim = session.get_inputs()[2 + 2 * i].shape   # static ints
+            empty = np.zeros((1, 0, kv_heads, head_dim), kv_dtype)
             feeds[contract.past_key(i)] = feeds[contract.past_value(i)] = empty
         else:
             feeds[contract.past_key(i)], feeds[contract.past_value(i)] = past[2 * i], past[2 * i + 1]
@@ -82,15 +84,50 @@ def _run(session, ids: np.ndarray, past_len: int, past: list[np.ndarray] | None,
     return outputs[0].astype(np.float32), outputs[1:]
 
 
-def _hf_cache(cache: Any, total: int) -> list[tuple[np.ndarray, np.ndarray]] | None:
-    """Per layer (keys, values) as (1, S, Hkv, D), or None if the cache is cropped."""
+def _hf_cache(cache: Any, total: int) -> list[tuple[int, np.ndarray, np.ndarray]] | None:
+    """Per layer (first row, keys, values) as (1, L, Hkv', D), or None without a usable cache.
+
+    A sliding-window layer keeps only its last L < total rows: the first row is total - L.
+    """
     layers = getattr(cache, "layers", None)
     if not layers:
         return None
     result = []
     for layer in layers:
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        if keys is None or keys.shape[2] != total:
+        if keys is None or keys.shape[2] > total:
             return None
-        result.append((keys.transpose(1, 2).float().numpy(), values.transpose(1, 2).float().numpy()))
+        result.append((total - keys.shape[2], keys.transpose(1, 2).float().numpy(),
+                       values.transpose(1, 2).float().numpy()))
     return result
+
+
+def _kv_diff(ours: np.ndarray, first: int, ref: np.ndarray, past_len: int) -> float | None:
+    """Max |diff| of our new rows (1, T, Hkv, D) against the rows Hugging Face kept, if any.
+
+    Where Hugging Face stores each KV head repeated for its query group (Falcon's new
+    decoder architecture), one copy per group is compared.
+    """
+    start, stop = max(past_len, first), min(past_len + ours.shape[1], first + ref.shape[1])
+    if start >= stop or ref.shape[2] % ours.shape[2]:
+        return None
+    ref = ref[:, start - first:stop - first, ::ref.shape[2] // ours.shape[2]]
+    return float(np.abs(ours[:, start - past_len:stop - past_len].astype(np.float32) - ref).max())
+
+
+@contextmanager
+def _reference_attention(model: Any, role: str) -> Iterator[None]:
+    """Run Hugging Face with the attention implementation the adapter names as reference.
+
+    Set on the config: Falcon reads it at call time, and refuses set_attn_implementation().
+    """
+    wanted = adapter_for(model, role).reference_attn
+    current = getattr(model.config, "_attn_implementation", None)
+    if wanted is None or wanted == current:
+        yield
+        return
+    model.config._attn_implementation = wanted
+    try:
+        yield
+    finally:
+        model.config._attn_implementation = current

@@ -40,9 +40,18 @@ def models(tmp_path_factory) -> dict[str, Path]:
                                     sliding_window=16),
         "qwen2": tiny.build_model(root / "qwen2", "qwen2", tok, seed=4, layers=2),
     }
-    m["llama_cut"] = tiny.truncate(m["llama"], root / "llama_cut", 1, tok)
-    m["mistral_cut"] = tiny.truncate(m["mistral"], root / "mistral_cut", 1, tok)
-    m["qwen2_cut"] = tiny.truncate(m["qwen2"], root / "qwen2_cut", 1, tok)
+    for seed, kind in enumerate(("qwen3", "phi3", "gemma", "gemma2", "gpt2", "gpt_neox", "opt",
+                                 "falcon"), start=5):
+        m[kind] = tiny.build_model(root / kind, kind, tok, seed=seed)
+    # Falcon's other variants: ALiBi (16 heads: slopes that bfloat16 rounds) and the new
+    # decoder architecture (grouped KV heads, two norms per layer)
+    m["falcon_alibi"] = tiny.build_model(root / "falcon_alibi", "falcon", tok, seed=13,
+                                         **tiny.FALCON_ALIBI)
+    m["falcon_new"] = tiny.build_model(root / "falcon_new", "falcon", tok, seed=14,
+                                       new_decoder_architecture=True, num_kv_heads=2)
+    for name in ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2",
+                 "gpt_neox", "opt", "falcon", "falcon_alibi"):
+        m[f"{name}_cut"] = tiny.truncate(m[name], root / f"{name}_cut", 1, tok)
     return m
 
 

@@ -37,6 +37,9 @@ def build_tokenizer(folder: Path):
     return fast
 
 
+# Falcon-RW style: ALiBi, sequential, one KV head per query head; 16 heads give slopes that
+# are not powers of two, so Hugging Face's bfloat16 rounding of the bias shows.
+FALCON_ALIBI = dict(alibi=True, multi_query=False, parallel_attn=False, num_attention_heads=16)
 KINDS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2", "gpt_neox",
          "opt", "falcon")
 
@@ -61,9 +64,10 @@ def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra
         "phi3": ("Phi3Config", {**llama_like, "original_max_position_embeddings": 256}),
         "gemma": ("GemmaConfig", {**llama_like, "head_dim": hidden // 4, "num_key_value_heads": 1,
                                   "tie_word_embeddings": True}),
+        # untied: a tied tiny Gemma 2 only ever repeats one token (its post-norms keep the
+        # layers' share of the residual small next to the scaled embedding)
         "gemma2": ("Gemma2Config", {**llama_like, "head_dim": hidden // 4, "sliding_window": 16,
-                                    "query_pre_attn_scalar": hidden // 4,
-                                    "tie_word_embeddings": True}),
+                                    "query_pre_attn_scalar": hidden // 4}),
         "gpt2": ("GPT2Config", dict(vocab_size=vocab, n_positions=256, n_embd=hidden, n_layer=layers,
                                     n_head=4, n_inner=2 * hidden, initializer_range=0.25, **ids)),
         "gpt_neox": ("GPTNeoXConfig", {**plain, "intermediate_size": 2 * hidden,

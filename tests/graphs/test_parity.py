@@ -4,45 +4,90 @@ from __future__ import annotations
 import pytest
 import torch
 
+import tiny
 from ssd_export.parity import check_parity
 from ssd_graphs.adapters import REGISTRY
 from ssd_graphs.trace import export_decoder
-from ssd_runtime.errors import ParityError
+from ssd_runtime.errors import ConfigError, ParityError
 
-# one parity case per registered architecture: fixture model name
-CASES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
+MAX_CONTEXT = 256
+
+# fixture models (conftest `models`): name -> Hugging Face class
+CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+         "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM", "gemma": "GemmaForCausalLM",
+         "gemma2": "Gemma2ForCausalLM", "gpt2": "GPT2LMHeadModel",
+         "gpt_neox": "GPTNeoXForCausalLM", "opt": "OPTForCausalLM", "falcon": "FalconForCausalLM",
+         "falcon_alibi": "FalconForCausalLM", "falcon_new": "FalconForCausalLM"}
+
+_ROPE = {"rope_theta": 10000.0}
+# config variants built in memory: name -> (tiny kind, config overrides, max_context)
+VARIANTS = {
+    "rope_linear": ("llama", {"rope_parameters": {**_ROPE, "rope_type": "linear", "factor": 2.0}},
+                    MAX_CONTEXT),
+    "rope_llama3": ("llama", {"rope_parameters": {
+        **_ROPE, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}, MAX_CONTEXT),
+    "rope_yarn": ("qwen2", {"rope_parameters": {
+        **_ROPE, "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}},
+        MAX_CONTEXT),
+    "rope_dynamic": ("llama", {"rope_parameters": {**_ROPE, "rope_type": "dynamic", "factor": 2.0}},
+                     MAX_CONTEXT),
+    # longrope keeps its short factors up to original_max_position_embeddings: export up to it
+    "phi3_longrope": ("phi3", {"original_max_position_embeddings": 64, "rope_parameters": {
+        **_ROPE, "rope_type": "longrope", "short_factor": [1.5] * 8, "long_factor": [4.0] * 8}},
+        64),
+    "phi3_partial_rotary": ("phi3", {"partial_rotary_factor": 0.5}, MAX_CONTEXT),
+    "llama_tied": ("llama", {"tie_word_embeddings": True}, MAX_CONTEXT),
+    "gpt2_layer_scaled": ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, MAX_CONTEXT),
+    "gpt_neox_sequential": ("gpt_neox", {"use_parallel_residual": False, "rotary_pct": 0.5},
+                            MAX_CONTEXT),
+    # OPT-350m style: post-norm, no final norm, embeddings projected in and out
+    "opt_post_norm": ("opt", {"do_layer_norm_before": False, "word_embed_proj_dim": 32},
+                      MAX_CONTEXT),
+    "falcon_new_one_norm": ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2,
+                                       "num_ln_in_parallel_attn": 1}, MAX_CONTEXT),
+    "falcon_sequential_rope": ("falcon", {"multi_query": False, "parallel_attn": False},
+                               MAX_CONTEXT),
+}
 
 
 def test_every_registered_architecture_has_a_parity_case():
-    missing = sorted(set(REGISTRY) - set(CASES))
+    missing = sorted(set(REGISTRY) - set(CASES.values()))
     assert not missing, f"architectures without a parity case: {missing}"
 
 
 @pytest.fixture(scope="module")
 def exported(models, tmp_path_factory):
+    """name -> (Hugging Face model, traced graph, max_context) for every case and variant."""
     from transformers import AutoModelForCausalLM
 
     out = {}
     root = tmp_path_factory.mktemp("parity")
-    for arch, name in CASES.items():
+    for name, arch in CASES.items():
         model = AutoModelForCausalLM.from_pretrained(models[name], attn_implementation="eager").eval()
         assert type(model).__name__ == arch
-        traced = export_decoder(model, name, root / name / "model.onnx", max_context=256)
-        out[arch] = (model, traced)
+        out[name] = (model, export_decoder(model, name, root / name / "model.onnx", MAX_CONTEXT),
+                     MAX_CONTEXT)
+    for name, (kind, overrides, max_context) in VARIANTS.items():
+        torch.manual_seed(len(name))
+        config = tiny.config_for(kind, tiny.VOCAB, **overrides)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+        out[name] = (model, export_decoder(model, name, root / name / "model.onnx", max_context),
+                     max_context)
     return out
 
 
-@pytest.mark.parametrize("arch", sorted(CASES))
-def test_parity_with_hugging_face(exported, arch):
-    model, traced = exported[arch]
+@pytest.mark.parametrize("name", [*CASES, *VARIANTS])
+def test_parity_with_hugging_face(exported, name):
+    model, traced, max_context = exported[name]
     diffs = check_parity(model, traced.path, "target", max_draft=8, dtype="float32",
-                         max_context=256)
+                         max_context=max_context)
     assert diffs["logits"] < 1e-3, diffs
     assert diffs["new_key"] < 1e-3 and diffs["new_value"] < 1e-3, diffs
 
 
 def test_parity_catches_a_wrong_graph(exported):
-    model, traced = exported["LlamaForCausalLM"]
+    model, traced, _ = exported["llama"]
     layer = model.model.layers[0].self_attn.k_proj
     saved = layer.weight.detach().clone()
     try:
@@ -55,8 +100,44 @@ def test_parity_catches_a_wrong_graph(exported):
             layer.weight.copy_(saved)
 
 
+def test_kv_comparison_reads_cropped_and_repeated_caches():
+    """Gemma 2's sliding layers keep only their last rows; Falcon's new architecture stores
+    each KV head once per query of its group: parity compares the rows and heads there are."""
+    import numpy as np
+
+    from ssd_export.parity import _kv_diff
+
+    full = np.random.default_rng(0).normal(size=(1, 13, 2, 4)).astype(np.float32)  # (1, S, Hkv, D)
+    ref = np.repeat(full, 2, axis=2)[:, 8:]       # HF: rows 8..12 kept, each head twice
+    ours = full[:, 10:13].copy()                  # new rows at past_len 10
+    assert _kv_diff(ours, 8, ref, past_len=10) == 0.0
+    ours[0, 1, 1, 3] += 0.5
+    assert _kv_diff(ours, 8, ref, past_len=10) == pytest.approx(0.5)
+    assert _kv_diff(full[:, :3], 8, ref, past_len=0) is None     # rows 0..2 were dropped
+
+
+def test_longrope_past_its_original_context_is_refused(exported, tmp_path):
+    model, _, _ = exported["phi3_longrope"]
+    with pytest.raises(ConfigError, match=r"RoPE type 'longrope' changes its frequencies past 64 "
+                                          r"positions.*--max-context 64 or less"):
+        export_decoder(model, "phi3_longrope", tmp_path / "model.onnx", max_context=65)
+
+
+def test_unknown_rope_type_is_refused(exported, tmp_path):
+    model, _, _ = exported["llama"]
+    saved = model.config.rope_parameters
+    model.config.rope_parameters = {**saved, "rope_type": "made_up"}
+    try:
+        with pytest.raises(ConfigError, match=r"RoPE type 'made_up' is not supported; supported: "
+                                              r"default, linear, llama3, yarn, dynamic, longrope"):
+            export_decoder(model, "llama", tmp_path / "model.onnx", max_context=64)
+    finally:
+        model.config.rope_parameters = saved
+
+
 def test_sliding_window_is_exercised(models):
-    """The Mistral fixture's window is shorter than parity's longest sequence."""
+    """The Mistral and Gemma 2 fixtures' windows are shorter than parity's longest sequence."""
     from transformers import AutoConfig
 
-    assert AutoConfig.from_pretrained(models["mistral"]).sliding_window < 24
+    for name in ("mistral", "gemma2"):
+        assert AutoConfig.from_pretrained(models[name]).sliding_window < 24
