@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 DEMO   ?= demo
 
-.PHONY: demo test install clean
+.PHONY: demo demo-pair bench test install clean
 
 install: $(VENV)/.installed
 
@@ -12,20 +12,30 @@ install: $(VENV)/.installed
 # disk; an unpinned torch would pull a multi-GB CUDA build.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[export,test]'
+	$(BIN)/pip install -q -e '.[export,serve,ray,test]'
 	touch $@
 
-# Train a small code-completion pair, export it to a bundle, generate, print the stats.
+PAIR   ?= examples/demo-pair
+PROMPT ?= def read_config(path):
+
+# Export the shipped code-completion pair, generate from it (target alone, then speculative).
 demo: install
-	$(BIN)/python tools/make_demo_pair.py --output $(DEMO)/pair --preset quick --force
-	$(BIN)/ssd-export --target $(DEMO)/pair/target --draft $(DEMO)/pair/draft \
-	    --output $(DEMO)/bundle --max-context 1024 --force
-	$(BIN)/ssd-run $(DEMO)/bundle --prompt "def read_config(path):" --max-new-tokens 128 \
-	    --k 0 --stats
-	$(BIN)/ssd-run $(DEMO)/bundle --prompt "def read_config(path):" --max-new-tokens 128 \
-	    --k 4 --stats
+	$(BIN)/ssd-export --target $(PAIR)/target --draft $(PAIR)/draft --output $(DEMO)/bundle \
+	    --max-context 1024 --force
+	$(BIN)/ssd-run $(DEMO)/bundle --prompt "$(PROMPT)" --max-new-tokens 128 --k 0 --stats
+	$(BIN)/ssd-run $(DEMO)/bundle --prompt "$(PROMPT)" --max-new-tokens 128 --stats
+
+# Retrain the pair (about 30 minutes on 2 cores; `PRESET=quick` takes about 5).
+PRESET ?= full
+demo-pair: install
+	$(BIN)/python tools/make_demo_pair.py --output $(PAIR) --preset $(PRESET) --threads 2 --force
+
+# Speed of every k and mode against k=0 on the demo bundle.
+bench: demo
+	$(BIN)/pip install -q matplotlib
+	$(BIN)/ssd-bench $(DEMO)/bundle --k 0,1,2,3,4,6,8,auto --mode sequential,split \
+	    --threads 2:1,1:1 --json $(DEMO)/bench.json --plot $(DEMO)/bench.png
 
 test: install
 	$(BIN)/python -m pytest -q

@@ -1,0 +1,248 @@
+"""The ASGI app of `ssd-serve`: OpenAI routes over one `Generator`.
+
+    app = create_app(ServeConfig(bundle="bundle/"))   # then uvicorn, or a Ray Serve replica
+    POST /v1/completions, POST /v1/chat/completions (both with stream: true as SSE),
+    GET /v1/models, GET /health, GET /metrics (Prometheus text)
+"""
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import aclosing, asynccontextmanager
+from time import perf_counter
+from typing import Any, AsyncIterator, Callable, Iterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..errors import SsdError
+from ..generator import Generator
+from .chat import ChatTemplate
+from .config import ServeConfig, resolve_k
+from .engine import ClientGone, Engine, Ticket
+from .metrics import CONTENT_TYPE, Metrics
+from .protocol import (ApiError, ChatCompletionRequest, CompletionRequest, Sampling, chunk_body,
+                       completion_body, error_body, new_id, parse_request, sampling, single_prompt,
+                       sse, usage_chunk)
+
+log = logging.getLogger("ssd_runtime.serve")
+REPLICA_HEADER = "x-ssd-replica"
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16     # as the OpenAI completions API
+CLIENT_GONE = 499                       # status recorded when the client disconnects
+
+
+class Server:
+    """What the routes share: the generator, its engine, the metrics and the limits."""
+
+    def __init__(self, config: ServeConfig, generator: Generator, replica: str) -> None:
+        self.config, self.generator, self.replica = config, generator, replica
+        self.model = config.served_name
+        self.k = resolve_k(config.k, generator.manifest.max_draft)
+        self.max_context = generator.manifest.max_context
+        self.max_tokens_limit = config.max_tokens_limit or self.max_context
+        self.metrics = Metrics(self.model, replica)
+        self.engine = Engine(generator, config.max_queue, self.metrics)
+        self.chat = ChatTemplate(generator)
+        self.created = int(time.time())
+
+    def sampling(self, req: CompletionRequest | ChatCompletionRequest, default: int) -> Sampling:
+        return sampling(req, self.model, self.max_tokens_limit, default)
+
+    def prompt_ids(self, prompt: str | list[int], param: str) -> list[int]:
+        ids = self.generator.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if len(ids) > self.max_context:
+            raise ApiError(400, f"the prompt has {len(ids)} tokens, more than this model's context "
+                                f"of {self.max_context} tokens. ---> HINT: shorten the prompt.",
+                           param, "context_length_exceeded")
+        return ids
+
+    async def respond(self, request: Request, ids: list[int], opts: Sampling, stream: bool,
+                      include_usage: bool, chat: bool) -> Response:
+        """Validate, take a place in the queue (or 429), then answer as JSON or as SSE."""
+        try:
+            pieces = self.generator.stream(ids, **opts.options(self.k))   # validates eagerly
+        except SsdError as exc:
+            raise ApiError(400, str(exc)) from None
+        ticket = self.engine.enter()
+        rid = new_id("chatcmpl" if chat else "cmpl")
+        if stream:
+            events = self._events(request, ticket, pieces, rid, chat, include_usage)
+            return _EventStream(events, on_close=lambda: self.engine.finish(ticket, pieces))
+        return await self._complete(request, ticket, pieces, rid, chat)
+
+    async def _complete(self, request: Request, ticket: Ticket, pieces: Iterator[str], rid: str,
+                        chat: bool) -> Response:
+        """A non-streamed answer; the client is polled so that leaving stops the generation."""
+        try:
+            async with aclosing(self.engine.run(ticket, pieces, request.is_disconnected)) as run:
+                async for _ in run:
+                    pass
+        except ClientGone:
+            request.state.status = CLIENT_GONE
+            return Response(status_code=CLIENT_GONE)
+        finally:
+            self.engine.finish(ticket, pieces)
+        assert ticket.result is not None
+        return JSONResponse(completion_body(rid, self.model, ticket.result, self.replica, chat))
+
+    async def _events(self, request: Request, ticket: Ticket, pieces: Iterator[str], rid: str,
+                      chat: bool, include_usage: bool) -> AsyncIterator[bytes]:
+        """The SSE body: role chunk (chat), one chunk per piece, finish chunk, [DONE]."""
+        done = False
+        try:
+            if chat:
+                yield sse(chunk_body(rid, self.model, chat, role=True))
+            async with aclosing(self.engine.run(ticket, pieces)) as run:
+                async for piece in run:
+                    yield sse(chunk_body(rid, self.model, chat, text=piece))
+            result = ticket.result
+            yield sse(chunk_body(rid, self.model, chat, result=result, replica=self.replica))
+            if include_usage:
+                yield sse(usage_chunk(rid, self.model, chat, result))
+            yield sse("[DONE]")
+            done = True
+        except Exception as exc:            # after the 200 header: report the failure in-band
+            log.exception("generation failed")
+            request.state.status, done = 500, True
+            yield sse(error_body(f"generation failed: {exc}", "server_error"))
+            yield sse("[DONE]")
+        finally:
+            if not done:
+                request.state.status = CLIENT_GONE
+
+
+class _EventStream(StreamingResponse):
+    """An SSE response that always closes its body and frees the generator, even when
+    the client left before the body was iterated."""
+
+    def __init__(self, events: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+            await self.body_iterator.aclose()
+
+
+def create_app(config: ServeConfig, generator: Generator | None = None,
+               replica: str = "local") -> FastAPI:
+    """Load the bundle (unless a generator is given) and build the app; errors are SsdError."""
+    generator = generator or Generator.load(config.bundle, config.backend, config.threads)
+    server = Server(config, generator, replica)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        server.engine.close()
+
+    app = FastAPI(title="ssd-serve", version="0.1.0", lifespan=lifespan)
+    app.state.server = server
+    _add_routes(app, server)
+    _add_error_handlers(app)
+    app.add_middleware(_ServerMiddleware, server=server)
+    log.info("serving %s (%s backend, k=%d) from %s", server.model, generator.backend, server.k,
+             config.bundle)
+    return app
+
+
+def _add_routes(app: FastAPI, server: Server) -> None:
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        req = parse_request(await request.body(), CompletionRequest)
+        opts = server.sampling(req, COMPLETIONS_DEFAULT_MAX_TOKENS)
+        ids = server.prompt_ids(single_prompt(req.prompt), "prompt")
+        return await server.respond(request, ids, opts, req.stream, _include_usage(req), chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        req = parse_request(await request.body(), ChatCompletionRequest)
+        opts = server.sampling(req, server.max_tokens_limit)
+        ids = server.prompt_ids(server.chat.prompt_ids(
+            [m.as_template_input() for m in req.messages]), "messages")
+        return await server.respond(request, ids, opts, req.stream, _include_usage(req), chat=True)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [_model_card(server)]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> dict[str, Any]:
+        if model != server.model:
+            raise ApiError(404, f"the model {model!r} does not exist; this server serves "
+                                f"{server.model!r}.", "model", "model_not_found")
+        return _model_card(server)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": server.model, "backend": server.generator.backend,
+                "k": server.k, "max_context": server.max_context, "replica": server.replica,
+                "queue_depth": server.engine.slot.depth, "busy": server.engine.slot.busy}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        slot = server.engine.slot
+        return PlainTextResponse(server.metrics.render(slot.depth, slot.busy),
+                                 media_type=CONTENT_TYPE)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    async def api_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    async def http_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code,
+                            headers=exc.headers)
+
+    async def internal_error(_: Request, exc: Exception) -> Response:
+        log.exception("internal error", exc_info=exc)
+        return JSONResponse(error_body(f"internal error: {exc}", "server_error"), status_code=500)
+
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, internal_error)
+
+
+class _ServerMiddleware:
+    """Counts every request by endpoint and status, times it, and names the replica."""
+
+    def __init__(self, app: Any, server: Server) -> None:
+        self.app, self.server = app, server
+        self.header = (REPLICA_HEADER.encode(), server.replica.encode())
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start, status = perf_counter(), [500]
+        state = scope.setdefault("state", {})   # shared with the handler's request.state
+
+        async def send_and_note(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+                message = {**message, "headers": [*message.get("headers", []), self.header]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            code = state.get("status", status[0])
+            endpoint = scope["path"] if scope["path"] in ROUTES else "other"
+            self.server.metrics.observe_request(endpoint, code, perf_counter() - start)
+
+
+def _include_usage(req: CompletionRequest | ChatCompletionRequest) -> bool:
+    return bool(req.stream_options and req.stream_options.include_usage)
+
+
+def _model_card(server: Server) -> dict[str, Any]:
+    return {"id": server.model, "object": "model", "created": server.created,
+            "owned_by": "ssd-toolkit", "max_context": server.max_context, "k": server.k,
+            "max_draft": server.generator.manifest.max_draft}

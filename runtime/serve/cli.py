@@ -1,0 +1,99 @@
+"""`ssd-serve`: an OpenAI-compatible HTTP server for an SSD bundle.
+
+    ssd-serve bundle/ --port 8000                  # one process, uvicorn
+    ssd-serve bundle/ --ray-replicas 4             # Ray Serve replicas behind Ray's HTTP proxy
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from ..errors import ConfigError, SsdError
+from .config import ServeConfig
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ssd-serve", description="Serve an SSD bundle over an "
+                                "OpenAI-compatible HTTP API (completions, chat, streaming).")
+    p.add_argument("bundle", help="bundle folder written by ssd-export")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda", "trt"))
+    p.add_argument("--k", type=_k_option, default="auto", metavar="auto|N",
+                   help="draft tokens per round: auto (adaptive, default) or N; 0 = target alone")
+    p.add_argument("--max-queue", type=int, default=64, metavar="N",
+                   help="requests that may wait for the generator; more get 429 (default 64)")
+    p.add_argument("--max-tokens-limit", type=int, default=None, metavar="N",
+                   help="largest max_tokens a request may ask for (default: the bundle's "
+                        "max_context)")
+    p.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads")
+    p.add_argument("--model-name", default=None, metavar="NAME",
+                   help="model id clients must send (default: the bundle folder's name)")
+    p.add_argument("--ray-replicas", type=int, default=0, metavar="N",
+                   help="run N replicas on Ray Serve instead of one process (needs the ray extra)")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="Ray cluster to join ('auto': the one `ray start` runs here; default: "
+                        "start a local Ray instance)")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> ServeConfig:
+    return ServeConfig(bundle=args.bundle, host=args.host, port=args.port, backend=args.backend,
+                       k=args.k, max_queue=args.max_queue, max_tokens_limit=args.max_tokens_limit,
+                       threads=args.threads, model_name=args.model_name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
+    try:
+        config = config_from_args(args)
+        if args.ray_replicas < 0:
+            raise ConfigError(f"--ray-replicas {args.ray_replicas} must be 1 or more (0: no Ray).")
+        if args.ray_replicas:
+            _ray().serve_forever(config, args.ray_replicas, args.ray_address)
+            return 0
+        app, uvicorn = _single_process(config)
+        uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level,
+                    timeout_graceful_shutdown=5)
+        return 0
+    except SsdError as exc:
+        print(f"ssd-serve: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _k_option(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not 'auto' or a whole number") from None
+
+
+def _single_process(config: ServeConfig):
+    try:
+        import uvicorn
+
+        from .app import create_app
+    except ImportError as exc:
+        raise ConfigError(f"ssd-serve needs the serve extra ({exc.name} is not installed). "
+                          f"---> HINT: pip install 'ssd-toolkit[serve]'.") from None
+    return create_app(config), uvicorn
+
+
+def _ray():
+    try:
+        from . import ray_app
+    except ImportError as exc:
+        raise ConfigError(f"--ray-replicas needs the ray extra ({exc.name} is not installed). "
+                          f"---> HINT: pip install 'ssd-toolkit[serve,ray]'.") from None
+    return ray_app
+
+
+if __name__ == "__main__":
+    sys.exit(main())

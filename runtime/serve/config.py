@@ -1,0 +1,54 @@
+"""`ServeConfig`: everything `ssd-serve` needs to build the app, frozen and picklable.
+
+The CLI builds it; `app.create_app` and the Ray deployment read it. Plain
+Python only, so that it can cross into Ray replicas.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from ..errors import ConfigError
+
+Backend = Literal["auto", "cpu", "cuda", "trt"]
+
+@dataclass(frozen=True)
+class ServeConfig:
+    bundle: Path
+    host: str = "127.0.0.1"
+    port: int = 8000
+    backend: Backend = "auto"
+    k: int | Literal["auto"] = "auto"
+    max_queue: int = 64                 # requests waiting for the generator, beyond the running one
+    max_tokens_limit: int | None = None  # None: the bundle's max_context
+    threads: int | None = None
+    model_name: str | None = None       # None: the bundle folder's name
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bundle", Path(self.bundle).resolve())
+        if self.max_queue < 0:
+            raise ConfigError(f"--max-queue {self.max_queue} must be 0 or more.")
+        if self.max_tokens_limit is not None and self.max_tokens_limit < 1:
+            raise ConfigError(f"--max-tokens-limit {self.max_tokens_limit} must be at least 1.")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"--threads {self.threads} must be at least 1.")
+
+    @property
+    def served_name(self) -> str:
+        return self.model_name or self.bundle.name
+
+
+def resolve_k(k: int | str, max_draft: int) -> int | str:
+    """The draft length requests run with: an int as given, or "auto" (adaptive k)."""
+    if k == "auto":
+        return "auto"
+    if isinstance(k, str):
+        if not k.isdigit():
+            raise ConfigError(f"--k {k!r} must be 'auto' or a whole number from 0 to {max_draft}.")
+        k = int(k)
+    if not 0 <= k <= max_draft:
+        raise ConfigError(f"--k {k} is outside [0, {max_draft}], the bundle's max_draft. "
+                          f"---> HINT: use a smaller k, or re-export with "
+                          f"ssd-export --max-draft {k}.")
+    return k

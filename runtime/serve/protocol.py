@@ -1,0 +1,269 @@
+"""The OpenAI wire format: request models, their validation, response and error bodies.
+
+Every bad request becomes an `ApiError` with an OpenAI-style body
+{"error": {"message", "type", "param", "code"}}; nothing here touches the model.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import SsdError
+
+if TYPE_CHECKING:
+    from ..generator import GenerationResult
+
+FINISH_REASON = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
+MAX_STOPS = 4                                 # as the OpenAI API
+# Fields the OpenAI API has and this server does not implement: allowed only at these values.
+UNSUPPORTED_DEFAULTS: dict[str, tuple[Any, ...]] = {
+    "n": (None, 1), "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""),
+    "logprobs": (None, False), "top_logprobs": (None, 0), "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0), "logit_bias": (None, {}), "tools": (None, []),
+    "functions": (None, []), "tool_choice": (None, "none"),
+}
+# How a field must look, for messages that name the field rather than pydantic's union arms.
+FIELD_SHAPES = {
+    "prompt": "a string, a list of token ids, or a list holding one of those",
+    "messages": "a non-empty list of {\"role\": str, \"content\": str} objects",
+    "stop": f"a string or a list of at most {MAX_STOPS} strings",
+    "max_tokens": "a positive integer", "max_completion_tokens": "a positive integer",
+    "temperature": "a number in [0, 2]", "top_p": "a number in (0, 1]",
+    "top_k": "an integer >= 0 (0 turns it off)", "seed": "a non-negative integer",
+    "stream": "true or false", "model": "a string naming the served model",
+}
+
+
+class ApiError(SsdError):
+    """A request the server refuses, with the HTTP status and OpenAI error fields."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None, type: str = "invalid_request_error",
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.type, self.headers = type, headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    include_usage: bool = False
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    model: str
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0                            # extension: 0 turns it off
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[int] | list[str] | list[list[int]]
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    role: str
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def as_template_input(self) -> dict[str, str]:
+        content = self.content if isinstance(self.content, str) else \
+            "".join(part.text for part in self.content or [])
+        return {"role": self.role, "content": content, **({"name": self.name} if self.name else {})}
+
+
+class ChatCompletionRequest(_Request):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None  # the newer name of max_tokens
+
+
+_Req = TypeVar("_Req", bound=_Request)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The generation settings of one request, checked against the server's limits."""
+
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    stop: list[str] | None
+
+    def options(self, k: int) -> dict[str, Any]:
+        return dict(max_new_tokens=self.max_tokens, k=k, temperature=self.temperature,
+                    top_k=self.top_k, top_p=self.top_p, seed=self.seed, stop=self.stop)
+
+
+def parse_request(raw: bytes, kind: type[_Req]) -> _Req:
+    """JSON bytes -> a request model; malformed JSON or wrong types -> ApiError 400."""
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"the request body is not valid JSON ({exc}).") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, f"the request body must be a JSON object, got {type(data).__name__}.")
+    try:
+        return kind.model_validate(data)
+    except ValidationError as exc:
+        raise _from_validation(exc) from None
+
+
+def sampling(req: CompletionRequest | ChatCompletionRequest, served_name: str,
+             max_tokens_limit: int, default_max_tokens: int) -> Sampling:
+    """Check the model name, limits and ranges; unsupported OpenAI fields must keep defaults."""
+    if req.model != served_name:
+        raise ApiError(404, f"the model {req.model!r} does not exist; this server serves "
+                            f"{served_name!r} (see GET /v1/models).", "model", "model_not_found")
+    _check_unsupported(req.model_extra or {})
+    newer = getattr(req, "max_completion_tokens", None)
+    name = "max_tokens" if newer is None else "max_completion_tokens"
+    max_tokens = getattr(req, name)
+    max_tokens = default_max_tokens if max_tokens is None else max_tokens
+    if not 1 <= max_tokens <= max_tokens_limit:
+        raise ApiError(400, f"{name}={max_tokens} is outside [1, {max_tokens_limit}], this "
+                            f"server's limit (ssd-serve --max-tokens-limit).", name)
+    if not 0 <= req.temperature <= 2:
+        raise ApiError(400, f"temperature={req.temperature} must be in [0, 2] (0 is greedy).",
+                       "temperature")
+    if not 0 < req.top_p <= 1:
+        raise ApiError(400, f"top_p={req.top_p} must be in (0, 1] (1 turns it off).", "top_p")
+    if req.top_k < 0:
+        raise ApiError(400, f"top_k={req.top_k} must be >= 0 (0 turns it off).", "top_k")
+    if req.seed is not None and req.seed < 0:
+        raise ApiError(400, f"seed={req.seed} must be a non-negative integer.", "seed")
+    stop = [req.stop] if isinstance(req.stop, str) else req.stop
+    if stop is not None and len(stop) > MAX_STOPS:
+        raise ApiError(400, f"stop has {len(stop)} strings; at most {MAX_STOPS} are allowed.",
+                       "stop")
+    return Sampling(max_tokens, float(req.temperature), float(req.top_p), req.top_k, req.seed,
+                    [s for s in stop if s] if stop else None)
+
+
+def single_prompt(prompt: str | list[int] | list[str] | list[list[int]]) -> str | list[int]:
+    """The one prompt of a completion request: a string or token ids (batches are refused)."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise ApiError(400, f"prompt holds {len(prompt)} prompts; this server takes one per "
+                                f"request. ---> HINT: send them as separate requests.", "prompt")
+        prompt = prompt[0]
+    if not prompt:
+        raise ApiError(400, "the prompt is empty: give at least one character or token id.",
+                       "prompt")
+    return prompt
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage_body(result: GenerationResult) -> dict[str, int]:
+    prompt, completion = result.stats.prompt_tokens, len(result.token_ids)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def speculative_body(result: GenerationResult, replica: str) -> dict[str, Any]:
+    """The `speculative` extension: this request's draft/verify statistics."""
+    s = result.stats
+    return {"k": s.k, "acceptance_rate": s.acceptance_rate,
+            "mean_accepted_per_round": s.mean_accepted_per_round, "rounds": s.rounds,
+            "tokens_per_s": s.tokens_per_s, "drafted": s.drafted, "accepted": s.accepted,
+            "backend": s.backend, "replica": replica}
+
+
+def completion_body(rid: str, model: str, result: GenerationResult, replica: str,
+                    chat: bool) -> dict[str, Any]:
+    finish = FINISH_REASON.get(result.stop_reason, "stop")
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": result.text}
+    else:
+        choice["text"] = result.text
+    return {"id": rid, "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()), "model": model, "choices": [choice],
+            "usage": usage_body(result), "speculative": speculative_body(result, replica)}
+
+
+def chunk_body(rid: str, model: str, chat: bool, text: str | None = None,
+               result: GenerationResult | None = None, replica: str = "",
+               role: bool = False) -> dict[str, Any]:
+    """One streamed chunk: a text piece, the role opener (chat), or the finish chunk."""
+    choice: dict[str, Any] = {"index": 0, "finish_reason": None, "logprobs": None}
+    if chat:
+        choice["delta"] = {"role": "assistant", "content": ""} if role else \
+            ({"content": text} if text is not None else {})
+    else:
+        choice["text"] = text or ""
+    body = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()), "model": model, "choices": [choice]}
+    if result is not None:
+        choice["finish_reason"] = FINISH_REASON.get(result.stop_reason, "stop")
+        body["speculative"] = speculative_body(result, replica)
+    return body
+
+
+def usage_chunk(rid: str, model: str, chat: bool, result: GenerationResult) -> dict[str, Any]:
+    """The extra last chunk that `stream_options.include_usage` asks for."""
+    return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()), "model": model, "choices": [],
+            "usage": usage_body(result)}
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    """One server-sent event: `data: <json>` and a blank line."""
+    payload = data if isinstance(data, str) else \
+        json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {payload}\n\n".encode()
+
+
+def _check_unsupported(extra: dict[str, Any]) -> None:
+    for name, allowed in UNSUPPORTED_DEFAULTS.items():
+        if name in extra and extra[name] not in allowed:
+            raise ApiError(400, f"{name}={extra[name]!r} is not supported by this server; leave it "
+                                f"out or set it to {allowed[-1]!r}.", name, "unsupported_parameter")
+
+
+def _from_validation(exc: ValidationError) -> ApiError:
+    first = exc.errors()[0]
+    loc = [str(part) for part in first["loc"]]
+    param = loc[0] if loc else None
+    if first["type"] == "missing":
+        return ApiError(400, f"'{'.'.join(loc)}' is a required field.", param)
+    shown = repr(first.get("input"))
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    if param in FIELD_SHAPES and (len(loc) == 1 or param in ("prompt", "stop")):
+        return ApiError(400, f"'{param}' must be {FIELD_SHAPES[param]}; got {shown}.", param)
+    return ApiError(400, f"'{'.'.join(loc)}': {first['msg']}; got {shown}.", param)

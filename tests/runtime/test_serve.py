@@ -1,0 +1,414 @@
+"""ssd-serve end to end: the real server on 127.0.0.1, queried with the official openai client.
+
+One server subprocess (a tiny llama pair with a chat template) serves most tests; outputs
+are checked against `Generator` in this process with the same settings. The queue and
+disconnect tests run the same app in uvicorn in a thread, over a generator they pace.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi", reason="ssd-serve needs the serve extra: pip install '.[serve]'")
+openai = pytest.importorskip("openai", reason="the serve tests use the openai client (test extra)")
+
+from serve_util import (GatedGenerator, ServerProcess, ThreadedServer, metric,  # noqa: E402
+                        with_chat_template)
+
+from ssd_runtime import Generator  # noqa: E402
+from ssd_runtime.serve.app import create_app  # noqa: E402
+from ssd_runtime.serve.config import ServeConfig  # noqa: E402
+
+MODEL = "tiny"
+MAX_QUEUE = 8
+MAX_TOKENS_LIMIT = 200
+PROMPT = "def read_config(path):"
+LONG_PROMPT = "def read(path):"        # greedy runs to any max_tokens without an EOS
+
+
+@pytest.fixture(scope="module")
+def bundle(bundle_factory, tmp_path_factory):
+    return with_chat_template(bundle_factory("llama", "llama_cut"),
+                              tmp_path_factory.mktemp("serve") / "chat-bundle")
+
+
+@pytest.fixture(scope="module")
+def server(bundle, tmp_path_factory):
+    srv = ServerProcess(bundle, tmp_path_factory.mktemp("serve-log") / "server.log",
+                        "--model-name", MODEL, "--max-queue", str(MAX_QUEUE), "--threads", "1",
+                        "--k", "4",
+                        "--max-tokens-limit", str(MAX_TOKENS_LIMIT))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def gen(bundle):
+    return Generator.load(bundle)
+
+
+def chat_ids(bundle, messages) -> list[int]:
+    """The prompt Hugging Face `apply_chat_template` builds for these messages."""
+    from transformers import PreTrainedTokenizerFast
+
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(bundle / "tokenizer" / "tokenizer.json"),
+                                  bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    tok.chat_template = manifest["tokenizer"]["chat_template"]
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
+def test_models_health_metrics(server, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    health = server.health()
+    assert health["status"] == "ok" and health["k"] == 4 and health["max_context"] == 256
+    text = server.metrics()
+    for name in ("ssd_requests_total", "ssd_generated_tokens_total", "ssd_tokens_per_second",
+                 "ssd_acceptance_rate", "ssd_queue_depth", "ssd_request_latency_seconds_bucket"):
+        assert f"# TYPE {name.removesuffix('_bucket')}" in text
+
+
+@pytest.mark.parametrize("temperature,seed", [(0.0, None), (0.8, 7)])
+def test_completion_equals_generator(client, gen, temperature, seed):
+    res = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=40,
+                                    temperature=temperature, seed=seed)
+    ref = gen.generate(PROMPT, max_new_tokens=40, k=4, temperature=temperature, seed=seed)
+    choice = res.choices[0]
+    assert choice.text == ref.text
+    assert choice.finish_reason == {"eos": "stop", "length": "length"}[ref.stop_reason]
+    assert res.usage.prompt_tokens == len(gen.encode(PROMPT))
+    assert res.usage.completion_tokens == len(ref.token_ids)
+    assert res.usage.total_tokens == res.usage.prompt_tokens + res.usage.completion_tokens
+    spec = res.model_extra["speculative"]
+    assert spec["k"] == 4 and spec["rounds"] == ref.stats.rounds
+    assert spec["acceptance_rate"] == pytest.approx(ref.stats.acceptance_rate)
+    assert spec["mean_accepted_per_round"] == pytest.approx(ref.stats.mean_accepted_per_round)
+    assert spec["tokens_per_s"] > 0
+
+
+def test_chat_completion_uses_the_template(bundle, client, gen):
+    messages = [{"role": "system", "content": "You write Python."},
+                {"role": "user", "content": "Read a config file."}]
+    res = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=32,
+                                         temperature=0.7, seed=3)
+    ref = gen.generate(chat_ids(bundle, messages), max_new_tokens=32, k=4, temperature=0.7,
+                       seed=3)
+    assert res.choices[0].message.role == "assistant"
+    assert res.choices[0].message.content == ref.text
+    assert res.usage.prompt_tokens == len(chat_ids(bundle, messages))
+    assert res.model_extra["speculative"]["rounds"] == ref.stats.rounds
+
+
+def test_chat_template_errors_are_400(client):
+    with pytest.raises(openai.BadRequestError, match="unknown role"):
+        client.chat.completions.create(model=MODEL, max_tokens=4,
+                                       messages=[{"role": "tool-ish", "content": "x"}])
+
+
+def test_completion_stream_equals_non_stream(server, client):
+    args = dict(model=MODEL, prompt=PROMPT, max_tokens=96, temperature=0.9, seed=11)
+    whole = client.completions.create(**args)
+    arrivals, pieces, finish, usage = [], [], None, None
+    start = time.perf_counter()
+    for chunk in client.completions.create(**args, stream=True,
+                                           stream_options={"include_usage": True}):
+        arrivals.append(time.perf_counter() - start)
+        if chunk.choices:
+            pieces.append(chunk.choices[0].text)
+            finish = chunk.choices[0].finish_reason or finish
+        usage = chunk.usage or usage
+    assert "".join(pieces) == whole.choices[0].text
+    assert sum(1 for p in pieces if p) >= 3            # many pieces, not one blob
+    first = arrivals[next(i for i, p in enumerate(pieces) if p)]
+    assert first < arrivals[-1] / 2, arrivals          # the first came long before the end
+    assert finish == whole.choices[0].finish_reason
+    assert usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_chat_stream_equals_non_stream(client):
+    args = dict(model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=48,
+                temperature=0.8, seed=5)
+    whole = client.chat.completions.create(**args)
+    chunks = list(client.chat.completions.create(**args, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert text == whole.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    assert chunks[-1].model_extra["speculative"]["rounds"] == \
+        whole.model_extra["speculative"]["rounds"]
+
+
+def test_stop_strings(client):
+    full = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=64,
+                                     temperature=0).choices[0].text
+    # a short ASCII-letter stop string that first occurs at its own position
+    at = next(i for i in range(4, len(full) - 3) if full[i:i + 2].isascii()
+              and full[i:i + 2].isalpha() and full.find(full[i:i + 2]) == i)
+    stop = full[at:at + 2]
+    for form in (stop, ["never-there", stop]):
+        res = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=64,
+                                        temperature=0, stop=form)
+        assert res.choices[0].text == full[:at]
+        assert res.choices[0].finish_reason == "stop"
+    pieces = [c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=64, temperature=0, stop=stop, stream=True)]
+    assert "".join(pieces) == full[:at]
+
+
+BAD = [  # (path, body, status, message fragment, param)
+    ("/v1/completions", b'{"model": "tiny", "prompt": ', 400, "not valid JSON", None),
+    ("/v1/completions", b'["tiny"]', 400, "must be a JSON object", None),
+    ("/v1/completions", {"model": "tiny"}, 400, "'prompt' is a required field", "prompt"),
+    ("/v1/completions", {"model": "tiny", "prompt": 5}, 400, "'prompt' must be", "prompt"),
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": "ten"}, 400,
+     "'max_tokens' must be a positive integer", "max_tokens"),
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "temperature": "hot"}, 400,
+     "'temperature' must be", "temperature"),
+    ("/v1/completions", {"model": "gpt-4", "prompt": "x"}, 404, "does not exist", "model"),
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": MAX_TOKENS_LIMIT + 1}, 400,
+     f"outside [1, {MAX_TOKENS_LIMIT}]", "max_tokens"),
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 0}, 400, "outside [1",
+     "max_tokens"),
+    ("/v1/completions", {"model": "tiny", "prompt": [5] * 300}, 400,
+     "more than this model's context of 256", "prompt"),
+    ("/v1/completions", {"model": "tiny", "prompt": "def f(): pass\n" * 200}, 400,
+     "more than this model's context", "prompt"),
+    ("/v1/completions", {"model": "tiny", "prompt": [10**6]}, 400, "outside the vocabulary",
+     None),
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "temperature": -0.5}, 400,
+     "temperature=-0.5 must be in [0, 2]", "temperature"),
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "top_p": 0}, 400, "must be in (0, 1]",
+     "top_p"),
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "top_p": 1.5}, 400, "must be in (0, 1]",
+     "top_p"),
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "top_k": -1}, 400, "top_k=-1", "top_k"),
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "seed": -3}, 400, "seed=-3", "seed"),
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "stop": 7}, 400, "'stop' must be",
+     "stop"),
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "stop": list("abcde")}, 400,
+     "at most 4", "stop"),
+    ("/v1/completions", {"model": "tiny", "prompt": ["a", "b"]}, 400, "one per request",
+     "prompt"),
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "n": 2}, 400, "not supported", "n"),
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "stream": "yes"}, 400,
+     "'stream' must be true or false", "stream"),
+    ("/v1/chat/completions", {"model": "tiny", "messages": []}, 400, "'messages' must be",
+     "messages"),
+    ("/v1/chat/completions", {"model": "tiny", "messages": "hi"}, 400, "'messages' must be",
+     "messages"),
+    ("/v1/chat/completions", {"model": "tiny", "messages": [{"content": "hi"}]}, 400,
+     "'messages.0.role' is a required field", "messages"),
+    ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "x"}],
+                              "tools": [{"type": "function"}]}, 400, "not supported", "tools"),
+]
+
+
+@pytest.mark.parametrize("path,body,status,fragment,param", BAD,
+                         ids=[f"{i}-{b[2]}-{b[4]}" for i, b in enumerate(BAD)])
+def test_bad_requests_answer_4xx(server, path, body, status, fragment, param):
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    res = httpx.post(server.url + path, content=raw, timeout=30,
+                     headers={"content-type": "application/json"})
+    assert res.status_code == status, res.text
+    error = res.json()["error"]
+    assert fragment in error["message"]
+    assert error["param"] == param
+    assert set(error) == {"message", "type", "param", "code"}
+
+
+def test_bad_requests_through_the_openai_client(client, server):
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.completions.create(model="nope", prompt="x")
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.completions.create(model=MODEL, prompt="x", temperature=-1)
+    res = httpx.get(f"{server.url}/v1/completions", timeout=5)
+    assert res.status_code == 405 and "error" in res.json()
+    assert metric(server.metrics(), "ssd_requests_total", status="500") == 0
+    assert server.health()["status"] == "ok"
+
+
+def test_no_chat_template_is_a_clear_400(bundle_factory):
+    from fastapi.testclient import TestClient
+
+    app = create_app(ServeConfig(bundle=bundle_factory("llama", "llama_cut"), model_name=MODEL))
+    with TestClient(app) as http:
+        res = http.post("/v1/chat/completions",
+                        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+        assert res.status_code == 400
+        assert res.json()["error"]["code"] == "no_chat_template"
+        assert "no chat template" in res.json()["error"]["message"]
+        assert http.post("/v1/completions", json={"model": MODEL, "prompt": "x",
+                                                  "max_tokens": 2}).status_code == 200
+
+
+def wait_idle(server, timeout_s: float) -> float:
+    """Seconds until the server has no running and no waiting request."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < timeout_s:
+        h = server.health()
+        if not h["busy"] and h["queue_depth"] == 0:
+            return time.perf_counter() - start
+        time.sleep(0.005)
+    raise AssertionError(f"server still busy after {timeout_s} s: {server.health()}")
+
+
+@pytest.fixture
+def gated(bundle):
+    """The real app in uvicorn (a thread), over a generator whose pieces wait for permits:
+    the test decides when a generation advances, so queue states are exact, not raced."""
+    app = create_app(ServeConfig(bundle=bundle, model_name=MODEL, max_queue=2),
+                     generator=GatedGenerator(Generator.load(bundle)))
+    with ThreadedServer(app) as srv:
+        srv.gen = app.state.server.generator
+        yield srv
+        srv.gen.permits.release(10_000)              # never leave the worker blocked
+
+
+def test_disconnect_stops_generation_at_the_next_round(gated):
+    body = {"model": MODEL, "prompt": LONG_PROMPT, "max_tokens": 100, "temperature": 0,
+            "stream": True}
+    before = metric(gated.metrics(), "ssd_requests_total", status="499")
+    gated.gen.permits.release(1)
+    with httpx.Client(base_url=gated.url, timeout=30) as http:
+        with http.stream("POST", "/v1/completions", json=body) as res:
+            assert res.status_code == 200
+            assert next(res.iter_lines()).startswith("data: ")   # one piece, then hang up
+    wait_idle(gated, 10)            # the slot is free while the next step still waits
+    gated.gen.permits.release(10_000)                # let the step in flight finish
+    assert gated.gen.closed.wait(10), "the generation was not stopped"
+    assert gated.gen.taken <= 2                      # the piece read + at most the one in flight
+    assert metric(gated.metrics(), "ssd_requests_total", status="499") == before + 1
+
+
+def test_full_queue_answers_429_and_waiting_clients_can_leave(gated):
+    body = {"model": MODEL, "prompt": LONG_PROMPT, "max_tokens": 4, "temperature": 0,
+            "stream": True}
+    with httpx.Client(base_url=gated.url, timeout=30) as http:
+        # one running (blocked on its first piece) and max_queue=2 waiting
+        streams = [http.send(http.build_request("POST", "/v1/completions", json=body),
+                             stream=True) for _ in range(3)]
+        assert gated.health()["queue_depth"] == 2 and gated.health()["busy"]
+        res = http.post("/v1/completions", json={**body, "stream": False})
+        assert res.status_code == 429, res.text
+        assert int(res.headers["retry-after"]) >= 1
+        assert res.json()["error"]["type"] == "rate_limit_error"
+        assert "--max-queue 2" in res.json()["error"]["message"]
+        streams[1].close()                           # a waiting client leaves
+        deadline = time.monotonic() + 10
+        while gated.health()["queue_depth"] != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert gated.health()["queue_depth"] == 1
+        gated.gen.permits.release(10_000)
+        texts = ["".join(_sse_texts(s.iter_lines())) for s in (streams[0], streams[2])]
+        for s in streams:
+            s.close()
+    ref = Generator.load(gated.gen.manifest_root).generate(LONG_PROMPT, max_new_tokens=4, k=4)
+    assert texts == [ref.text, ref.text]
+    wait_idle(gated, 10)
+
+
+def _sse_texts(lines) -> list[str]:
+    out = []
+    for line in lines:
+        if line.startswith("data: ") and line != "data: [DONE]":
+            out.append(json.loads(line[6:])["choices"][0]["text"])
+    return out
+
+
+def test_load_bounded(server):
+    """16 clients, 208 requests (mixed stream / chat), loopback only; then RSS is stable."""
+    clients, per_client = 16, 13
+
+    def run(n: int, results: list) -> None:
+        def worker(w: int) -> None:
+            api = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0,
+                                timeout=60)
+            for i in range(n):
+                kind = (w + i) % 3
+                try:
+                    if kind == 0:
+                        api.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8,
+                                               temperature=0.7, seed=i)
+                    elif kind == 1:
+                        list(api.completions.create(model=MODEL, prompt=f"x{i}", max_tokens=8,
+                                                    stream=True))
+                    else:
+                        api.chat.completions.create(model=MODEL, max_tokens=8, messages=[
+                            {"role": "user", "content": f"hi {i}"}])
+                    results.append(200)
+                except openai.RateLimitError:
+                    results.append(429)
+                    time.sleep(0.1)                   # back off a little, as a client would
+                except openai.APIStatusError as exc:
+                    results.append(exc.status_code)
+                except Exception as exc:              # noqa: BLE001 - reported below
+                    results.append(repr(exc))
+            api.close()
+
+        threads = [threading.Thread(target=worker, args=(w,)) for w in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not any(t.is_alive() for t in threads), "load test clients hung"
+
+    warm: list = []
+    run(3, warm)
+    wait_idle(server, 10)
+    rss_warm = server.rss_kib()
+    results: list = []
+    start = time.perf_counter()
+    run(per_client, results)
+    elapsed = time.perf_counter() - start
+    wait_idle(server, 10)
+    rss_after = server.rss_kib()
+    counts = dict(Counter(map(str, results)))
+    print(f"\nload: {len(results)} requests in {elapsed:.1f} s, {counts}, "
+          f"RSS warm {rss_warm / 1024:.1f} MiB -> after {rss_after / 1024:.1f} MiB")
+    assert len(results) == clients * per_client >= 200
+    assert set(results) <= {200, 429}, counts
+    assert results.count(200) >= len(results) // 4      # the 429s are the overflow only
+    assert rss_after <= rss_warm * 1.10
+    text = server.metrics()
+    assert metric(text, "ssd_requests_total", status="500") == 0
+    assert metric(text, "ssd_queue_depth") == 0
+
+
+def test_runtime_import_stays_light():
+    code = ("import sys, ssd_runtime, ssd_runtime.serve, ssd_runtime.serve.config, "
+            "ssd_runtime.serve.cli; print([m for m in ('fastapi', 'uvicorn', 'starlette', 'ray', "
+            "'jinja2', 'pydantic') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["/nonexistent/bundle"], "does not exist"),
+    (["BUNDLE", "--k", "99"], "--k 99 is outside [0, 8]"),
+    (["BUNDLE", "--max-queue", "-1"], "--max-queue -1 must be 0 or more"),
+])
+def test_cli_errors_are_messages(bundle, capsys, args, message):
+    from ssd_runtime.serve.cli import main
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        assert main([str(bundle) if a == "BUNDLE" else a for a in args]) == 2
+    finally:                           # main() configures logging on the captured stderr
+        root.handlers[:], root.level = handlers, level
+    err = capsys.readouterr().err
+    assert err.startswith("ssd-serve: error:") and message in err and "Traceback" not in err
