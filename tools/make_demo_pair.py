@@ -67,7 +67,7 @@ PRESETS = {
                     target_phase=Phase(600, 3e-3, 360), draft_phase=Phase(300, 5e-3, 180),
                     eval_tokens=32768),
     "full": Preset(corpus_mb=16, vocab=8192, seq_len=256, batch=8,
-                   target=ModelSize(384, 6, 6, 2, 1024), draft=ModelSize(256, 2, 4, 2, 688),
+                   target=ModelSize(384, 6, 6, 2, 1024), draft=ModelSize(160, 2, 5, 1, 432),
                    target_phase=Phase(1100, 1.5e-3, 1500), draft_phase=Phase(800, 3e-3, 660),
                    eval_tokens=65536),
 }
@@ -141,7 +141,7 @@ def build_model(size: ModelSize, vocab: int) -> LlamaForCausalLM:
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=size.hidden, intermediate_size=size.intermediate,
                       num_hidden_layers=size.layers, num_attention_heads=size.heads,
                       num_key_value_heads=size.kv_heads, max_position_embeddings=2048,
-                      tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, pad_token_id=2)
+                      tie_word_embeddings=True, bos_token_id=0, eos_token_id=1, pad_token_id=2)
     model = LlamaForCausalLM(cfg)
     model.generation_config = GenerationConfig(bos_token_id=0, eos_token_id=1, pad_token_id=2)
     return model
