@@ -47,11 +47,11 @@ def load_prompts(path: str | None) -> list[str]:
 
 
 def run_bench(bundle: str, configs: list[Config], prompts: list[str], max_new_tokens: int,
-              temperature: float, repeats: int) -> dict:
+              temperature: float, repeats: int, backend: str = "auto") -> dict:
     from .generator import Generator
 
     placements = sorted({c.threads for c in configs})
-    gens = {t: Generator.load(bundle, threads=t) for t in placements}
+    gens = {t: Generator.load(bundle, backend=backend, threads=t) for t in placements}
     costs = {t: gens[t].cost_model() for t in placements}
     runs: dict[Config, list] = {c: [] for c in configs}
     for c in configs:                                    # warm-up, not recorded
@@ -67,7 +67,9 @@ def run_bench(bundle: str, configs: list[Config], prompts: list[str], max_new_to
     baseline = max(_tokens_per_s(runs[c]) for c in configs if c.k == 0) \
         if any(c.k == 0 for c in configs) else None
     rows = [_summary(c, runs[c], costs[c.threads], baseline) for c in configs]
-    return {"bundle": str(bundle), "max_new_tokens": max_new_tokens, "temperature": temperature,
+    first = gens[placements[0]]
+    return {"bundle": str(bundle), "backend": first.backend, "backend_reason": first.backend_reason,
+            "max_new_tokens": max_new_tokens, "temperature": temperature,
             "prompts": len(prompts), "repeats": repeats, "baseline_tokens_per_s": baseline,
             "calibration": {f"{t[0]}:{t[1]}": costs[t].as_dict() for t in placements},
             "results": rows}
@@ -138,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", default=None,
                    help="comma-separated target:draft placements (default: the runtime's choice "
                         "for sequential, 1:1 for split)")
+    p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda", "trt"),
+                   help="auto: trt, then cuda, then cpu (the report says which and why)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--json", dest="json_out", help="write the report here")
@@ -150,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         configs = _configs(args)
         report = run_bench(args.bundle, configs, load_prompts(args.prompts), args.max_new_tokens,
-                           args.temperature, args.repeats)
+                           args.temperature, args.repeats, args.backend)
     except SsdError as exc:
         print(f"ssd-bench: error: {exc}", file=sys.stderr)
         return 2
@@ -188,7 +192,8 @@ def _configs(args) -> list[Config]:
 def format_table(report: dict) -> str:
     head = (f"{'config':<34} {'tok/s':>8} {'x k=0':>6} {'alpha':>6} {'k':>4} {'acc/rd':>6} "
             f"{'bound':>6} {'eff':>5} {'draft':>7} {'verify':>7} {'host':>6} {'host%':>6}")
-    lines = [head, "-" * len(head)]
+    lines = [f"backend: {report.get('backend_reason') or report.get('backend', '?')}", head,
+             "-" * len(head)]
     for r in report["results"]:
         ms = r["per_round_ms"] or {"draft": 0, "verify": 0, "host": 0}
         lines.append(

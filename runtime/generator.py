@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Iterator, Literal, Sequence
 
 from .acceptance import make_rule
-from .backends import Threads, open_sessions
+from .backends import Threads, open_backend
 from .drafting import SequentialDrafter, SplitDrafter
 from .errors import ConfigError
 from .heads import HeadSessions
@@ -39,11 +39,13 @@ class Generator:
                  threads: Threads = None, fused_heads: bool | None = None) -> None:
         self.root, self.manifest = root, manifest
         self.codec = TextCodec(root, manifest.tokenizer)
-        self.target, self.draft = open_sessions(root, manifest, backend, threads)
-        self.backend = self.target.backend
+        opened = open_backend(root, manifest, backend, threads)
+        self.target, self.draft = opened.target, opened.draft
+        self.backend = opened.backend            # "cpu" | "cuda" | "trt"
+        self.backend_reason = opened.reason      # e.g. "cpu (auto): trt skipped: TensorRT …"
         if fused_heads is None:              # on a device, decisions stay next to the logits
             fused_heads = self.backend != "cpu" and bool(manifest.heads)
-        self.heads = HeadSessions(root, manifest.heads, ["CPUExecutionProvider"]) \
+        self.heads = HeadSessions(root, manifest.heads, _head_device(self.backend)) \
             if fused_heads else None
         self.eos_ids = set(manifest.tokenizer.eos_token_ids)
         self.last_result: GenerationResult | None = None
@@ -53,7 +55,9 @@ class Generator:
     def load(cls, bundle: str | Path, backend: str = "auto", threads: Threads = None,
              verify: bool = True, fused_heads: bool | None = None) -> Generator:
         """Open a bundle written by ssd-export; `verify` checks every file's sha256.
-        `fused_heads`: make decisions with the bundle's ONNX heads (default: on a GPU)."""
+        `backend`: auto (trt, then cuda, then cpu; `gen.backend_reason` says why), cpu, cuda
+        or trt. `fused_heads`: make decisions with the bundle's ONNX heads (default: on a
+        GPU, where they read the device logits and return token ids)."""
         root = Path(bundle)
         return cls(root, read_manifest(root, verify=verify), backend, threads, fused_heads)
 
@@ -147,3 +151,13 @@ class Generator:
         if stop is not None and (isinstance(stop, str) or
                                  not all(isinstance(s, str) for s in stop)):
             raise ConfigError(f"stop={stop!r} must be a list of strings.")
+
+
+def _head_device(backend: str) -> str:
+    """Heads run where the logits are when ONNX Runtime can run there; on the trt backend
+    without onnxruntime-gpu they run on the CPU from a host copy of the logits."""
+    if backend == "cpu":
+        return "cpu"
+    import onnxruntime as ort
+
+    return "cuda" if "CUDAExecutionProvider" in ort.get_available_providers() else "cpu"

@@ -10,16 +10,22 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import BundleError
+from .backends.device import DeviceLogits
+from .errors import BackendError, BundleError
 from .sampling import SamplingParams, position_uniform
 
 REQUIRED = ("argmax", "sample", "accept")
 
 
 class HeadSessions:
-    """ONNX Runtime sessions over heads/argmax.onnx, sample.onnx and accept.onnx."""
+    """ONNX Runtime sessions over heads/argmax.onnx, sample.onnx and accept.onnx.
 
-    def __init__(self, root: Path, heads: dict[str, str], providers: list[str]) -> None:
+    `device="cuda"` runs them on ORT's CUDA provider and binds DeviceLogits where they
+    lie (the cuda and trt backends); host arrays take the plain `run` path as before.
+    """
+
+    def __init__(self, root: Path, heads: dict[str, str], device: str = "cpu",
+                 device_id: int = 0) -> None:
         import onnxruntime as ort
 
         missing = [h for h in REQUIRED if h not in heads]
@@ -29,27 +35,53 @@ class HeadSessions:
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
         opts.intra_op_num_threads = 1
+        providers = [("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"] \
+            if device == "cuda" else ["CPUExecutionProvider"]
+        self.device, self.device_id = device, device_id
         self.sessions = {name: ort.InferenceSession(str(root / heads[name]), opts,
                                                     providers=providers) for name in REQUIRED}
+        loaded = self.sessions["argmax"].get_providers()
+        if device == "cuda" and "CUDAExecutionProvider" not in loaded:
+            raise BackendError(f"fused heads: ONNX Runtime did not load its CUDA provider "
+                               f"(session providers: {loaded}). ---> HINT: install "
+                               f"onnxruntime-gpu in place of onnxruntime, or load the bundle "
+                               f"with fused_heads=False.")
 
-    def argmax(self, logits: np.ndarray) -> np.ndarray:
-        return self.sessions["argmax"].run(None, {"logits": logits})[0]          # (T,)
+    def argmax(self, logits) -> np.ndarray:
+        return self._run("argmax", logits, {})[0]                                 # (T,)
 
-    def sample(self, logits: np.ndarray, params: SamplingParams, u: float):
-        feeds = {"logits": logits, **_settings(params), "uniform": np.array([u], np.float32)}
-        token, probs = self.sessions["sample"].run(None, feeds)
+    def sample(self, logits, params: SamplingParams, u: float):
+        feeds = {**_settings(params), "uniform": np.array([u], np.float32)}
+        token, probs = self._run("sample", logits, feeds)
         return int(token[0]), probs                                              # (V,)
 
-    def accept(self, logits: np.ndarray, drafts: list[int], draft_probs: list[np.ndarray],
+    def accept(self, logits, drafts: list[int], draft_probs: list[np.ndarray],
                uniforms: np.ndarray, params: SamplingParams) -> tuple[int, int]:
         vocab = logits.shape[-1]
         probs = np.stack(draft_probs).astype(np.float32) if draft_probs \
             else np.zeros((0, vocab), np.float32)
-        feeds = {"logits": logits, "draft_tokens": np.asarray(drafts, np.int64),
-                 "draft_probs": probs, "uniforms": uniforms.astype(np.float32),
-                 **_settings(params)}
-        accepted, token = self.sessions["accept"].run(None, feeds)
+        feeds = {"draft_tokens": np.asarray(drafts, np.int64), "draft_probs": probs,
+                 "uniforms": uniforms.astype(np.float32), **_settings(params)}
+        accepted, token = self._run("accept", logits, feeds)
         return int(accepted[0]), int(token[0])
+
+    def _run(self, name: str, logits, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """Host logits: a plain run. DeviceLogits: bind their memory as the input, the
+        small settings from the host, and bring only the (integer) outputs back."""
+        session = self.sessions[name]
+        if not isinstance(logits, DeviceLogits):
+            return session.run(None, {"logits": logits, **feeds})
+        if logits.device != self.device:         # e.g. trt logits but heads on the CPU
+            return session.run(None, {"logits": logits.numpy(), **feeds})
+        binding = session.io_binding()
+        binding.bind_input("logits", logits.device, logits.device_id, logits.dtype.type,
+                           logits.shape, logits.ptr)                             # (T, V)
+        for key, value in feeds.items():
+            binding.bind_cpu_input(key, value)
+        for out in session.get_outputs():
+            binding.bind_output(out.name, "cpu")
+        session.run_with_iobinding(binding)
+        return binding.copy_outputs_to_cpu()
 
 
 class FusedGreedyAcceptance:
@@ -57,7 +89,7 @@ class FusedGreedyAcceptance:
         self.heads = heads
 
     def draft_pick(self, logits: np.ndarray, position: int) -> tuple[int, None]:
-        return int(self.heads.argmax(logits[-1:])[0]), None
+        return int(self.heads.argmax(logits[-1:])[0]), None      # the last row, still on device
 
     def verify(self, target_logits: np.ndarray, drafts: list[int],
                draft_probs: list) -> tuple[int, int]:

@@ -52,6 +52,21 @@ class TokenizerEntry:
 
 
 @dataclass(frozen=True)
+class EngineEntry:
+    """One TensorRT engine built from a model's ONNX graph for one GPU and TensorRT version."""
+
+    model: str                # "target" | "draft"
+    path: str                 # engines/<gpu-slug>-trt<version>/<model>.plan
+    sha256: str
+    gpu_name: str             # as the CUDA driver names it, e.g. "NVIDIA H200"
+    compute_capability: str   # "9.0"
+    tensorrt_version: str     # the builder's trt.__version__
+    precision: str            # "fp32" | "fp16" | "bf16"
+    version_compatible: bool  # built with BuilderFlag.VERSION_COMPATIBLE
+    profiles: list[dict[str, Any]]   # [{"name", "new_len": [min, opt, max], "past_len": [...]}]
+
+
+@dataclass(frozen=True)
 class Manifest:
     max_context: int
     max_draft: int
@@ -61,6 +76,7 @@ class Manifest:
     heads: dict[str, str] = field(default_factory=dict)   # head name -> relative path
     build: dict[str, Any] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)   # relative path -> sha256
+    engines: list[EngineEntry] = field(default_factory=list)   # TensorRT engines, if built
     format: str = FORMAT
     schema_version: int = SCHEMA_VERSION
 
@@ -89,6 +105,7 @@ class Manifest:
                 heads=dict(data.get("heads", {})),
                 build=dict(data.get("build", {})),
                 files=dict(data.get("files", {})),
+                engines=[EngineEntry(**e) for e in data.get("engines", [])],
                 schema_version=version,
             )
         except (KeyError, TypeError, ValueError) as exc:

@@ -128,7 +128,7 @@ class AdaptiveK:
         return k
 
     def keep_drafting(self, drafted: int, logits: np.ndarray) -> bool:
-        row = logits[-1]
+        row = logits[-1]          # (vocab,) on the host: device logits copy only this row
         top = 1.0 / float(np.exp(row - row.max()).sum())   # the draft's top probability
         self._mean_top = top if self._mean_top == 0 else 0.95 * self._mean_top + 0.05 * top
         chance = min(1.0, self.alpha * top / self._mean_top)

@@ -1,7 +1,8 @@
-"""`ssd-export`: the only argparse file of the exporter.
+"""`ssd-export` and `ssd-build-engines`: the only argparse file of the exporter.
 
-Builds an `ExportConfig` and calls `export_bundle(config)`; errors print one
-line and exit 2, never a traceback.
+`ssd-export` builds an `ExportConfig` and calls `export_bundle(config)`;
+`ssd-build-engines DIR` adds TensorRT engines to an existing bundle on the GPU
+machine. Errors print one line and exit 2, never a traceback.
 """
 from __future__ import annotations
 
@@ -28,6 +29,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="longest sequence the bundle serves (default: 2048, or the models' limit)")
     p.add_argument("--max-draft", type=int, default=8, help="largest k (draft tokens per round)")
     p.add_argument("--dtype", choices=("float32", "float16"), default="float32")
+    p.add_argument("--engines", choices=("auto", "trt", "none"), default="auto",
+                   help="TensorRT engines: auto (default) builds them when TensorRT and a GPU are "
+                        "here and says so when it skips; trt requires them; none skips")
+    p.add_argument("--engine-precision", choices=("fp16", "bf16", "fp32"), default="fp16",
+                   help="precision TensorRT may use inside the engines (default fp16)")
     p.add_argument("--force", action="store_true", help="replace an existing --output")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--list-architectures", action="store_true",
@@ -49,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"the following arguments are required: {', '.join(missing)}")
         config = ExportConfig(target=args.target, draft=args.draft, output=args.output,
                               max_context=args.max_context, max_draft=args.max_draft,
-                              dtype=args.dtype, force=args.force, quiet=args.quiet)
+                              dtype=args.dtype, force=args.force, quiet=args.quiet,
+                              engines=args.engines, engine_precision=args.engine_precision)
         try:
             from .pipeline import export_bundle
         except ImportError as exc:
@@ -62,6 +69,44 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         print("ssd-export: interrupted; nothing was written.", file=sys.stderr)
+        return 130
+
+
+def build_engines_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ssd-build-engines",
+        description="Build TensorRT engines for this machine's GPU into an existing bundle "
+                    "(engines are specific to the GPU and the TensorRT version).")
+    p.add_argument("bundle", type=Path, help="bundle folder written by ssd-export")
+    p.add_argument("--precision", choices=("fp16", "bf16", "fp32"), default="fp16",
+                   help="precision TensorRT may use inside the engines (default fp16)")
+    p.add_argument("--version-compatible", action="store_true",
+                   help="build engines that later TensorRT 10.x runtimes (and the lean runtime) "
+                        "can run")
+    p.add_argument("--force", action="store_true",
+                   help="rebuild engines that already exist for this GPU and TensorRT version")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    return p
+
+
+def build_engines_main(argv: list[str] | None = None) -> int:
+    args = build_engines_parser().parse_args(argv)
+    try:
+        from .engines import add_engines
+
+        say = (lambda text: None) if args.quiet else \
+            (lambda text: print(text, file=sys.stderr, flush=True))
+        manifest = add_engines(args.bundle, args.precision, args.version_compatible, args.force,
+                               say)
+        built = [e.path for e in manifest.engines][-2:]
+        say(f"ssd-build-engines: wrote {', '.join(built)} and updated "
+            f"{args.bundle / 'manifest.json'}")
+        return 0
+    except SsdError as exc:
+        print(f"ssd-build-engines: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ssd-build-engines: interrupted; the bundle is unchanged.", file=sys.stderr)
         return 130
 
 

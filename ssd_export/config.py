@@ -6,6 +6,8 @@ from pathlib import Path
 from typing import Literal
 
 DType = Literal["float32", "float16"]
+Engines = Literal["trt", "none", "auto"]       # auto: build when TensorRT and a GPU are here
+Precision = Literal["fp16", "bf16", "fp32"]
 DEFAULT_MAX_CONTEXT = 2048
 
 
@@ -19,3 +21,5 @@ class ExportConfig:
     dtype: DType = "float32"
     force: bool = False
     quiet: bool = False
+    engines: Engines = "auto"
+    engine_precision: Precision = "fp16"

@@ -1,4 +1,4 @@
-"""`export_bundle(config)`: load → check pair → trace → parity → write the bundle.
+"""`export_bundle(config)`: load → check pair → trace → parity → engines → write the bundle.
 
 Reads top to bottom; each stage prints one progress line with its time.
 """
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import platform
 import sys
+from dataclasses import replace
 from pathlib import Path
 from time import perf_counter, strftime
 
@@ -17,6 +18,7 @@ from ssd_runtime.manifest import Manifest, ModelEntry, TokenizerEntry
 
 from .bundle import check_output, finish_manifest, staging
 from .config import DEFAULT_MAX_CONTEXT, ExportConfig
+from .engines import export_engines, require_tensorrt
 from .loading import LoadedModel, check_architecture, load_model
 from .pair import added_ids, check_vocabularies, eos_ids
 from .parity import check_parity
@@ -31,6 +33,8 @@ def export_bundle(config: ExportConfig) -> Manifest:
         raise ConfigError(f"--max-draft {config.max_draft} must be between 1 and 64.")
     check_architecture(config.target, "target")
     check_architecture(config.draft, "draft")
+    if config.engines == "trt":          # fail before any work, and write nothing
+        require_tensorrt("--engines trt")
 
     with log.stage("load models and tokenizers"):
         target = load_model(config.target, "target", config.dtype)
@@ -51,22 +55,25 @@ def export_bundle(config: ExportConfig) -> Manifest:
                 parity[loaded.role] = check_parity(loaded.model, traced[loaded.role].path,
                                                    loaded.role, config.max_draft, config.dtype,
                                                    max_context)
-        with log.stage("write heads, tokenizer and manifest"):
+        with log.stage("write heads and tokenizer"):
             heads = {name: f"heads/{file}" for name, file in write_heads(root / "heads").items()}
             target.tokenizer.save_pretrained(root / "tokenizer")
-            manifest = Manifest(
-                max_context=max_context, max_draft=config.max_draft,
-                target=_entry(root, target, traced["target"], parity["target"]),
-                draft=_entry(root, draft, traced["draft"], parity["draft"]),
-                tokenizer=TokenizerEntry(
-                    path="tokenizer/tokenizer.json", prefix_ids=prefix, suffix_ids=suffix,
-                    eos_token_ids=eos_ids(target.model, target.tokenizer),
-                    bos_token_id=target.tokenizer.bos_token_id,
-                    pad_token_id=target.tokenizer.pad_token_id,
-                    chat_template=getattr(target.tokenizer, "chat_template", None)),
-                heads=heads, build=_build_info(config),
-            )
-            manifest = finish_manifest(root, manifest)
+        manifest = Manifest(
+            max_context=max_context, max_draft=config.max_draft,
+            target=_entry(root, target, traced["target"], parity["target"]),
+            draft=_entry(root, draft, traced["draft"], parity["draft"]),
+            tokenizer=TokenizerEntry(
+                path="tokenizer/tokenizer.json", prefix_ids=prefix, suffix_ids=suffix,
+                eos_token_ids=eos_ids(target.model, target.tokenizer),
+                bos_token_id=target.tokenizer.bos_token_id,
+                pad_token_id=target.tokenizer.pad_token_id,
+                chat_template=getattr(target.tokenizer, "chat_template", None)),
+            heads=heads, build=_build_info(config),
+        )
+        engines = export_engines(root, manifest, config.engines, config.engine_precision, log,
+                                 config.output)
+        with log.stage("write the manifest"):
+            manifest = finish_manifest(root, replace(manifest, engines=engines))
     log.done(config.output)
     return manifest
 
@@ -112,7 +119,7 @@ def _build_info(config: ExportConfig) -> dict:
     return {"toolkit": __version__, "created": strftime("%Y-%m-%dT%H:%M:%S%z"),
             "dtype": config.dtype, "opset": OPSET, "python": platform.python_version(),
             "torch": torch.__version__, "transformers": transformers.__version__,
-            "onnx": onnx.__version__, "command": " ".join(sys.argv)}
+            "onnx": onnx.__version__, "engines": config.engines, "command": " ".join(sys.argv)}
 
 
 class _Progress:

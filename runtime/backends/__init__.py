@@ -1,12 +1,14 @@
 """Backend selection and thread placement.
 
-`auto` picks TensorRT, then ORT CUDA, then ORT CPU; only ORT CPU exists in
-this version. With `threads=None` each model's intra-op thread count is
+`auto` picks TensorRT (when the bundle has engines for this GPU and TensorRT
+version), then ORT CUDA, then ORT CPU, and says why (select.py decides from
+plain facts). With `threads=None` each CPU model's intra-op thread count is
 chosen by timing a few steps at 1 thread and at every core.
 """
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
 
@@ -15,9 +17,18 @@ import numpy as np
 from ..errors import BackendError, ConfigError
 from ..manifest import Manifest, ModelEntry
 from .base import ModelSession
+from .select import Facts, Plan, describe, plan
 
 BACKENDS = ("auto", "cpu", "cuda", "trt")
 Threads = int | tuple[int, int] | None        # both models, or (target, draft), or chosen
+
+
+@dataclass
+class Opened:
+    target: ModelSession
+    draft: ModelSession
+    backend: str          # "cpu" | "cuda" | "trt"
+    reason: str           # why this backend, e.g. "cpu (auto): TensorRT: not installed; ..."
 
 
 def cpu_cores() -> int:
@@ -30,18 +41,72 @@ def cpu_cores() -> int:
 def open_sessions(root: Path, manifest: Manifest, backend: str = "auto",
                   threads: Threads = None) -> tuple[ModelSession, ModelSession]:
     """Open the target and draft sessions on the chosen backend."""
+    opened = open_backend(root, manifest, backend, threads)
+    return opened.target, opened.draft
+
+
+def open_backend(root: Path, manifest: Manifest, backend: str = "auto",
+                 threads: Threads = None) -> Opened:
+    """Open both sessions on the first backend of the plan that opens; say why it won."""
     if backend not in BACKENDS:
         raise BackendError(f"backend {backend!r} is unknown; choose one of {', '.join(BACKENDS)}.")
-    if backend in ("cuda", "trt"):
-        raise BackendError(f"backend {backend!r} is not available in this build; use 'cpu' "
-                           f"or 'auto'.")
     placement = threads if isinstance(threads, tuple) else (threads, threads)
     for n in placement:
         if n is not None and (not isinstance(n, int) or n < 1):
             raise ConfigError(f"threads={threads!r}: each count must be a positive integer.")
-    target = _open(root, manifest, "target", manifest.target, placement[0])
-    draft = _open(root, manifest, "draft", manifest.draft, placement[1])
-    return target, draft
+    chosen_plan = plan(backend, probe(manifest, backend))
+    failures: list[str] = []
+    for name in chosen_plan.attempts:
+        try:
+            target, draft = _OPENERS[name](root, manifest, placement, chosen_plan)
+        except BackendError as exc:
+            if backend != "auto" or name == chosen_plan.attempts[-1]:
+                raise
+            failures.append(f"{name} did not open: {exc}")
+            continue
+        return Opened(target, draft, name, describe(name, chosen_plan, failures, backend))
+    raise AssertionError("a plan always ends with a backend that raises or opens")
+
+
+def probe(manifest: Manifest, requested: str) -> Facts:
+    """The facts `plan` needs; TensorRT is only looked at when it could be chosen."""
+    import onnxruntime as ort
+
+    providers = tuple(ort.get_available_providers())
+    if requested not in ("auto", "trt"):
+        return Facts(ort_providers=providers, engines=tuple(manifest.engines))
+    from .trt import probe_tensorrt
+
+    version, gpu, problem = probe_tensorrt()
+    return Facts(version, problem, gpu, providers, tuple(manifest.engines))
+
+
+def _open_cpu(root: Path, manifest: Manifest, placement, _: Plan):
+    return (_open(root, manifest, "target", manifest.target, placement[0]),
+            _open(root, manifest, "draft", manifest.draft, placement[1]))
+
+
+def _open_cuda(root: Path, manifest: Manifest, placement, _: Plan):
+    from .ort_cuda import OrtCudaSession
+
+    max_new = manifest.max_draft + 2
+    return tuple(OrtCudaSession(name, root / entry.path, entry, manifest.max_context, max_new,
+                                n or 1)
+                 for name, entry, n in (("target", manifest.target, placement[0]),
+                                        ("draft", manifest.draft, placement[1])))
+
+
+def _open_trt(root: Path, manifest: Manifest, placement, chosen: Plan):
+    from .trt import TrtSession
+
+    assert chosen.engines is not None
+    max_new = manifest.max_draft + 2
+    return tuple(TrtSession(name, root / chosen.engines[name].path, entry,
+                            chosen.engines[name], manifest.max_context, max_new)
+                 for name, entry in (("target", manifest.target), ("draft", manifest.draft)))
+
+
+_OPENERS = {"cpu": _open_cpu, "cuda": _open_cuda, "trt": _open_trt}
 
 
 def _open(root: Path, manifest: Manifest, name: str, entry: ModelEntry,

@@ -5,21 +5,27 @@ and decides how far the length advances, which is what makes rollback free.
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, Union
 
 import numpy as np
+
+from .device import DeviceLogits
+
+Logits = Union[np.ndarray, DeviceLogits]     # (new_len, vocab): host array, or device memory
 
 
 class ModelSession(Protocol):
     name: str            # "target" | "draft"
     backend: str         # "cpu" | "cuda" | "trt"
+    threads: int | None  # intra-op threads (ORT); 1 on trt, where one thread drives the GPU
     max_context: int
     max_new_len: int     # most tokens one decode call may carry
 
-    def forward(self, token_ids: np.ndarray, past_len: int) -> np.ndarray:
+    def forward(self, token_ids: np.ndarray, past_len: int) -> Logits:
         """Run `token_ids` at positions past_len.. and write their keys/values
-        into rows past_len.. of the arena. Returns logits (new_len, vocab) as a
-        float32 host array that stays valid until the next call."""
+        into rows past_len.. of the arena. Returns logits (new_len, vocab), valid
+        until the next call: a float32 host array on cpu, DeviceLogits on cuda and
+        trt (indexing a row copies that row to the host; the heads bind them as is)."""
         ...
 
     def prefill(self, token_ids: np.ndarray, past_len: int = 0) -> None:

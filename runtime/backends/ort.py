@@ -1,4 +1,4 @@
-"""ONNX Runtime backend (CPU, and CUDA where onnxruntime-gpu is installed).
+"""ONNX Runtime backend on the CPU; ort_cuda.py puts the same binding on a GPU.
 
 KV buffers are preallocated sequence-major arenas `(1, max_context, Hkv, D)`
 per layer. Each call binds the past as the prefix `[:past_len]` and the
@@ -35,30 +35,48 @@ class OrtCpuSession:
     """A model on ONNX Runtime's CPU provider with IOBinding over numpy arenas."""
 
     backend = "cpu"
+    device, device_id = "cpu", 0          # where the arenas live (ort_cuda overrides)
 
     def __init__(self, name: str, path: Path, entry: ModelEntry, max_context: int,
                  max_new_len: int, threads: int | None = None) -> None:
-        import onnxruntime as ort
-
         self.name, self.entry, self.threads = name, entry, threads
         self.max_context, self.max_new_len = max_context, max_new_len
         try:
-            self.session = ort.InferenceSession(str(path), session_options(threads),
-                                                providers=["CPUExecutionProvider"])
+            self.session = self._open(path, threads)
+        except BackendError:
+            raise
         except Exception as exc:  # ORT raises its own exception types
             raise BackendError(f"ONNX Runtime cannot load {path}: {exc}") from None
         self._check_io()
-        kv_dtype = _DTYPES[entry.kv_dtype]
-        shape = (1, max_context, entry.num_kv_heads, entry.head_dim)
-        # (1, max_context, Hkv, D) per layer, for keys and for values
-        self.keys = [np.zeros(shape, kv_dtype) for _ in range(entry.num_layers)]
-        self.values = [np.zeros(shape, kv_dtype) for _ in range(entry.num_layers)]
-        self.row_bytes = entry.num_kv_heads * entry.head_dim * np.dtype(kv_dtype).itemsize
-        self.kv_dtype = kv_dtype
+        self.kv_dtype = _DTYPES[entry.kv_dtype]
+        self.row_bytes = entry.num_kv_heads * entry.head_dim * np.dtype(self.kv_dtype).itemsize
         self.ids = np.zeros((1, max(max_new_len, PREFILL_CHUNK)), np.int64)
         self.positions = np.zeros_like(self.ids)
-        self.logits = np.zeros((1, max_new_len, entry.vocab_size), _DTYPES[entry.logits_dtype])
+        self._allocate()
         self.binding = self.session.io_binding()
+
+    def _open(self, path: Path, threads: int | None):
+        import onnxruntime as ort
+
+        return ort.InferenceSession(str(path), session_options(threads),
+                                    providers=["CPUExecutionProvider"])
+
+    def _allocate(self) -> None:
+        e = self.entry
+        shape = (1, self.max_context, e.num_kv_heads, e.head_dim)
+        # (1, max_context, Hkv, D) per layer, for keys and for values
+        self.keys = [np.zeros(shape, self.kv_dtype) for _ in range(e.num_layers)]
+        self.values = [np.zeros(shape, self.kv_dtype) for _ in range(e.num_layers)]
+        self.logits = np.zeros((1, self.max_new_len, e.vocab_size), _DTYPES[e.logits_dtype])
+
+    def _kv_ptrs(self, layer: int) -> tuple[int, int]:
+        return self.keys[layer].ctypes.data, self.values[layer].ctypes.data
+
+    def _logits_ptr(self) -> int:
+        return self.logits.ctypes.data
+
+    def _logits_view(self, n: int):
+        return self.logits[0, :n]
 
     def forward(self, token_ids: np.ndarray, past_len: int) -> np.ndarray:
         n = len(token_ids)
@@ -66,7 +84,7 @@ class OrtCpuSession:
             raise BackendError(f"{self.name}: {n} new tokens exceed this session's "
                                f"{self.max_new_len}; use prefill for long inputs.")
         self._run(token_ids, past_len, logits_out=True)
-        return self.logits[0, :n]
+        return self._logits_view(n)
 
     def prefill(self, token_ids: np.ndarray, past_len: int = 0) -> None:
         for start in range(0, len(token_ids), PREFILL_CHUNK):
@@ -85,21 +103,22 @@ class OrtCpuSession:
         b.clear_binding_outputs()
         b.bind_input(contract.INPUT_IDS, "cpu", 0, np.int64, (1, n), self.ids.ctypes.data)
         b.bind_input(contract.POSITION_IDS, "cpu", 0, np.int64, (1, n), self.positions.ctypes.data)
-        kv_type, e = self.kv_dtype, self.entry
+        kv_type, e, dev, dev_id = self.kv_dtype, self.entry, self.device, self.device_id
         past_shape = (1, past_len, e.num_kv_heads, e.head_dim)
         new_shape = (1, n, e.num_kv_heads, e.head_dim)
         offset = past_len * self.row_bytes
         for i in range(e.num_layers):
-            k_ptr, v_ptr = self.keys[i].ctypes.data, self.values[i].ctypes.data
-            b.bind_input(contract.past_key(i), "cpu", 0, kv_type, past_shape, k_ptr)
-            b.bind_input(contract.past_value(i), "cpu", 0, kv_type, past_shape, v_ptr)
-            b.bind_output(contract.new_key(i), "cpu", 0, kv_type, new_shape, k_ptr + offset)
-            b.bind_output(contract.new_value(i), "cpu", 0, kv_type, new_shape, v_ptr + offset)
+            k_ptr, v_ptr = self._kv_ptrs(i)
+            # past = rows [0, past_len) of the arena; new rows land at [past_len, past_len + n)
+            b.bind_input(contract.past_key(i), dev, dev_id, kv_type, past_shape, k_ptr)
+            b.bind_input(contract.past_value(i), dev, dev_id, kv_type, past_shape, v_ptr)
+            b.bind_output(contract.new_key(i), dev, dev_id, kv_type, new_shape, k_ptr + offset)
+            b.bind_output(contract.new_value(i), dev, dev_id, kv_type, new_shape, v_ptr + offset)
         if logits_out:
-            b.bind_output(contract.LOGITS, "cpu", 0, self.logits.dtype, (1, n, e.vocab_size),
-                          self.logits.ctypes.data)
+            b.bind_output(contract.LOGITS, dev, dev_id, _DTYPES[e.logits_dtype],
+                          (1, n, e.vocab_size), self._logits_ptr())
         else:
-            b.bind_output(contract.LOGITS, "cpu")
+            b.bind_output(contract.LOGITS, dev, dev_id)
         self.session.run_with_iobinding(b)
 
     def _check_io(self) -> None:

@@ -1,0 +1,83 @@
+"""ONNX Runtime's CUDA execution provider with IOBinding to device arenas (backend "cuda").
+
+The same zero-copy binding as the CPU session (DESIGN.md), on OrtValues allocated
+on the GPU; forward() returns DeviceLogits, so logits never leave the device
+unless host code asks for a row. Needs onnxruntime-gpu *instead of* onnxruntime.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import BackendError
+from ..manifest import ModelEntry
+from .device import DeviceLogits
+from .ort import _DTYPES, OrtCpuSession, session_options
+
+CUDA_PROVIDER = "CUDAExecutionProvider"
+INSTALL_HINT = ("---> HINT: pip uninstall -y onnxruntime && pip install onnxruntime-gpu "
+                "(one of the two, never both), with an NVIDIA driver that nvidia-smi shows.")
+
+
+class OrtCudaSession(OrtCpuSession):
+    """A model on ORT's CUDA provider; `device="cpu"` keeps the same code path on host memory
+    (OrtValue arenas and DeviceLogits), which is how machines without a GPU test it."""
+
+    def __init__(self, name: str, path: Path, entry: ModelEntry, max_context: int,
+                 max_new_len: int, threads: int | None = None, device: str = "cuda",
+                 device_id: int = 0) -> None:
+        if device not in ("cuda", "cpu"):
+            raise BackendError(f"{name}: device {device!r} is not 'cuda' or 'cpu'.")
+        self.device, self.device_id = device, device_id
+        self.backend = "cuda" if device == "cuda" else "cpu"
+        super().__init__(name, path, entry, max_context, max_new_len, threads)
+
+    def _open(self, path: Path, threads: int | None):
+        import onnxruntime as ort
+
+        if self.device == "cpu":
+            return ort.InferenceSession(str(path), session_options(threads),
+                                        providers=["CPUExecutionProvider"])
+        if CUDA_PROVIDER not in ort.get_available_providers():
+            raise BackendError(f"backend 'cuda': this onnxruntime ({ort.__version__}) has no "
+                               f"{CUDA_PROVIDER}; found {ort.get_available_providers()}. "
+                               f"{INSTALL_HINT}")
+        providers = [(CUDA_PROVIDER, {"device_id": self.device_id}), "CPUExecutionProvider"]
+        session = ort.InferenceSession(str(path), session_options(threads), providers=providers)
+        # onnxruntime-gpu lists the CUDA provider even where it cannot load it, then falls
+        # back to the CPU with a logged error only: ask the session what it really uses
+        if CUDA_PROVIDER not in session.get_providers():
+            raise BackendError(f"backend 'cuda': ONNX Runtime did not load {CUDA_PROVIDER} for "
+                               f"{path} (session providers: {session.get_providers()}); the "
+                               f"CUDA/cuDNN libraries or the GPU are missing. {INSTALL_HINT}")
+        return session
+
+    def _allocate(self) -> None:
+        from onnxruntime import OrtValue
+
+        e, dev = self.entry, (self.device, self.device_id)
+        shape = (1, self.max_context, e.num_kv_heads, e.head_dim)         # (1, C, Hkv, D)
+        self.keys = [OrtValue.ortvalue_from_shape_and_type(shape, self.kv_dtype, *dev)
+                     for _ in range(e.num_layers)]
+        self.values = [OrtValue.ortvalue_from_shape_and_type(shape, self.kv_dtype, *dev)
+                       for _ in range(e.num_layers)]
+        self.logits = OrtValue.ortvalue_from_shape_and_type(          # (1, max_new_len, V)
+            (1, self.max_new_len, e.vocab_size), _DTYPES[e.logits_dtype], *dev)
+
+    def _kv_ptrs(self, layer: int) -> tuple[int, int]:
+        return self.keys[layer].data_ptr(), self.values[layer].data_ptr()
+
+    def _logits_ptr(self) -> int:
+        return self.logits.data_ptr()
+
+    def _logits_view(self, n: int) -> DeviceLogits:
+        return DeviceLogits(self._logits_ptr(), n, self.entry.vocab_size,
+                            _DTYPES[self.entry.logits_dtype], self.device, self._rows_to_host,
+                            self.device_id)
+
+    def _rows_to_host(self, first: int, count: int) -> np.ndarray:
+        # the last bound output is the logits OrtValue of this call's shape (1, n, V): copying
+        # it moves n rows (one for a draft step), not the whole (1, max_new_len, V) buffer
+        logits = self.binding.get_outputs()[-1].numpy()
+        return logits[0, first:first + count]

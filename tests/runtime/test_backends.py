@@ -1,0 +1,207 @@
+"""Backend choice, device-logits access and the device binding path, without a GPU.
+
+Selection is a pure function of injected facts; the ORT CUDA session runs its
+very code path with device="cpu" (OrtValue arenas, DeviceLogits, heads bound to
+the logits' memory), so everything but the CUDA provider itself is checked here.
+"""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ssd_runtime import Generator
+from ssd_runtime.backends.device import DeviceLogits
+from ssd_runtime.backends.ort import OrtCpuSession
+from ssd_runtime.backends.ort_cuda import OrtCudaSession
+from ssd_runtime.backends.select import Facts, describe, plan
+from ssd_runtime.backends.trt import ALIGNMENT, in_place_kv
+from ssd_runtime.engines import GpuInfo, engine_profiles
+from ssd_runtime.errors import BackendError
+from ssd_runtime.heads import HeadSessions
+from ssd_runtime.manifest import EngineEntry
+
+H200 = GpuInfo("NVIDIA H200", "9.0")
+ORIN = GpuInfo("Orin (nvgpu)", "8.7")
+CPU_ONLY = ("CPUExecutionProvider",)
+WITH_CUDA = ("CUDAExecutionProvider", "CPUExecutionProvider")
+PROMPT = [0, 17, 42, 99]
+
+
+def engines_for(gpu: GpuInfo, version: str, compatible: bool = False) -> tuple[EngineEntry, ...]:
+    folder = f"engines/x-trt{version}"
+    profiles = [p.as_dict() for p in engine_profiles("target", 64, 8, 256)]
+    return tuple(EngineEntry(role, f"{folder}/{role}.plan", "0" * 64, gpu.name,
+                             gpu.compute_capability, version, "fp16", compatible, profiles)
+                 for role in ("target", "draft"))
+
+
+# --- choosing a backend from facts ------------------------------------------------------
+
+def test_auto_on_a_bare_machine_is_cpu_and_says_why():
+    chosen = plan("auto", Facts(tensorrt_problem="TensorRT is not installed"))
+    assert chosen.attempts == ("cpu",)
+    reason = describe("cpu", chosen, [], "auto")
+    assert reason.startswith("cpu (auto): trt skipped: TensorRT is not installed")
+    assert "pip install 'ssd-toolkit[trt]'" in reason and "onnxruntime-gpu" in reason
+
+
+def test_auto_prefers_trt_then_cuda_then_cpu():
+    facts = Facts("10.8.0", "", H200, WITH_CUDA, engines_for(H200, "10.8.0"))
+    chosen = plan("auto", facts)
+    assert chosen.attempts == ("trt", "cuda", "cpu")
+    assert chosen.engines["target"].model == "target" and chosen.engines["draft"].model == "draft"
+    assert describe("trt", chosen, [], "auto").startswith("trt (auto): engines x-trt10.8.0 "
+                                                          "match NVIDIA H200")
+    assert plan("auto", Facts(ort_providers=WITH_CUDA)).attempts == ("cuda", "cpu")
+
+
+def test_auto_skips_engines_of_another_gpu_naming_both():
+    facts = Facts("10.8.0", "", ORIN, WITH_CUDA, engines_for(H200, "10.8.0"))
+    chosen = plan("auto", facts)
+    assert chosen.attempts == ("cuda", "cpu")
+    assert "NVIDIA H200 (sm 9.0)" in chosen.skipped[0] and "Orin (nvgpu) (sm 8.7)" in \
+        chosen.skipped[0]
+    assert "ssd-build-engines" in chosen.skipped[0]
+
+
+def test_auto_falls_back_when_a_backend_fails_to_open():
+    facts = Facts(ort_providers=WITH_CUDA)
+    reason = describe("cpu", plan("auto", facts), ["cuda did not open: no GPU"], "auto")
+    assert reason.startswith("cpu (auto): trt skipped: TensorRT is not installed")
+    assert reason.endswith("; cuda did not open: no GPU")
+
+
+def test_explicit_trt_refuses_another_tensorrt_version_naming_both():
+    facts = Facts("10.3.0", "", H200, CPU_ONLY, engines_for(H200, "10.8.0"))
+    with pytest.raises(BackendError, match=r"backend 'trt' is not usable here: .*TensorRT "
+                                           r"10\.8\.0.*this machine has .*TensorRT 10\.3\.0"):
+        plan("trt", facts)
+
+
+def test_explicit_trt_without_tensorrt_names_what_to_install():
+    with pytest.raises(BackendError, match=r"not installed.*pip install 'ssd-toolkit\[trt\]'"):
+        plan("trt", Facts())
+    with pytest.raises(BackendError, match=r"no TensorRT engines.*ssd-build-engines"):
+        plan("trt", Facts("10.8.0", "", H200))
+
+
+def test_explicit_cuda_without_the_provider_names_onnxruntime_gpu():
+    with pytest.raises(BackendError, match=r"no CUDAExecutionProvider.*pip uninstall -y "
+                                           r"onnxruntime && pip install onnxruntime-gpu"):
+        plan("cuda", Facts())
+    assert plan("cuda", Facts(ort_providers=WITH_CUDA)).attempts == ("cuda",)
+    assert describe("cpu", plan("cpu", Facts()), [], "cpu") == "cpu: requested"
+
+
+# --- the real machine (CI has no GPU) ---------------------------------------------------
+
+needs_no_gpu_stack = pytest.mark.skipif(
+    importlib.util.find_spec("tensorrt") is not None
+    or "CUDAExecutionProvider" in __import__("onnxruntime").get_available_providers(),
+    reason="this machine has a GPU stack")
+
+
+@needs_no_gpu_stack
+def test_this_machine_picks_cpu_and_refuses_gpu_backends_clearly(bundle_factory):
+    bundle = bundle_factory("llama", "llama_cut")
+    gen = Generator.load(bundle)
+    assert gen.backend == "cpu" and gen.last_result is None
+    assert "trt skipped: TensorRT is not installed" in gen.backend_reason
+    assert "cuda skipped: onnxruntime has no CUDAExecutionProvider" in gen.backend_reason
+    with pytest.raises(BackendError, match=r"backend 'cuda'.*install onnxruntime-gpu"):
+        Generator.load(bundle, backend="cuda")
+    with pytest.raises(BackendError, match=r"backend 'trt'.*TensorRT is not installed.*"
+                                           r"pip install 'ssd-toolkit\[trt\]'"):
+        Generator.load(bundle, backend="trt")
+
+
+def test_the_trt_module_imports_neither_tensorrt_nor_cuda():
+    code = ("import sys, ssd_runtime.backends.trt, ssd_runtime.backends.ort_cuda; "
+            "print([m for m in sys.modules if m.split('.')[0] in ('tensorrt', 'cuda')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_kv_rows_are_bound_in_place_only_when_tensorrt_alignment_allows():
+    assert ALIGNMENT == 256
+    assert in_place_kv(8 * 128 * 2)          # 8 KV heads of 128, fp16: 2048 bytes a row
+    assert in_place_kv(2 * 32 * 4)           # 256 bytes
+    assert not in_place_kv(2 * 16 * 4)       # the tiny test models: 128 bytes -> scratch + copy
+
+
+# --- device logits ----------------------------------------------------------------------
+
+def test_device_logits_copy_only_the_rows_asked_for():
+    host = np.arange(5 * 7, dtype=np.float32).reshape(5, 7)          # (T, V) "device" buffer
+    asked = []
+
+    def rows_to_host(first: int, count: int) -> np.ndarray:
+        asked.append((first, count))
+        return host[first:first + count].copy()
+
+    logits = DeviceLogits(host.ctypes.data, 5, 7, np.float32, "cpu", rows_to_host)
+    np.testing.assert_array_equal(logits[-1], host[4])
+    assert asked == [(4, 1)]
+    tail = logits[3:]
+    assert tail.shape == (2, 7) and tail.ptr == host.ctypes.data + 3 * 7 * 4 and asked == [(4, 1)]
+    np.testing.assert_array_equal(tail[0], host[3])
+    np.testing.assert_array_equal(np.argmax(logits, axis=-1), np.argmax(host, axis=-1))
+    assert asked[-1] == (0, 5) and len(logits) == 5
+    with pytest.raises(IndexError):
+        logits[5]
+    with pytest.raises(IndexError, match="contiguous"):
+        logits[::2]
+
+
+# --- the ORT device session on host memory ----------------------------------------------
+
+def device_sessions(gen: Generator) -> tuple[OrtCudaSession, OrtCudaSession]:
+    m, root = gen.manifest, gen.root
+    return tuple(OrtCudaSession(name, root / entry.path, entry, m.max_context, m.max_draft + 2,
+                                1, device="cpu")
+                 for name, entry in (("target", m.target), ("draft", m.draft)))
+
+
+def test_device_session_binds_in_place_and_matches_the_cpu_session(bundle_factory):
+    gen = Generator.load(bundle_factory("llama", "llama_cut"), backend="cpu", threads=1)
+    target, _ = device_sessions(gen)
+    host: OrtCpuSession = gen.target
+    ids = np.array([0, 5, 9, 17, 33, 64, 100], np.int64)
+    for session in (host, target):
+        session.prefill(ids[:4])
+    expected = host.forward(ids[4:], 4).copy()
+    logits = target.forward(ids[4:], 4)
+    assert isinstance(logits, DeviceLogits) and logits.shape == (3, gen.manifest.target.vocab_size)
+    np.testing.assert_allclose(np.asarray(logits), expected, atol=1e-5)
+    np.testing.assert_allclose(logits[-1], expected[-1], atol=1e-5)
+    outputs = target.binding.get_outputs()   # binding order: new_key.0, new_value.0, ..., logits
+    for i in range(target.entry.num_layers):
+        assert outputs[2 * i].data_ptr() == target.keys[i].data_ptr() + 4 * target.row_bytes
+        assert outputs[2 * i + 1].data_ptr() == target.values[i].data_ptr() + 4 * target.row_bytes
+    assert outputs[-1].data_ptr() == logits.ptr == target.logits.data_ptr()
+
+
+def test_generation_on_the_device_path_equals_the_cpu_backend(bundle_factory, small_vocab_bundle):
+    for bundle, prompt in ((bundle_factory("llama", "llama_cut"), PROMPT),
+                           (small_vocab_bundle[0], [0, 5, 6, 7])):
+        host = Generator.load(bundle, backend="cpu", threads=1)
+        device = Generator.load(bundle, backend="cpu", threads=1, fused_heads=False)
+        device.target, device.draft = device_sessions(device)
+        for k in (0, 1, 4, "auto"):
+            expected = host.generate(prompt, max_new_tokens=24, k=k).token_ids
+            assert device.generate(prompt, max_new_tokens=24, k=k).token_ids == expected
+        # heads bound to the logits' memory, as on a GPU
+        device.heads = HeadSessions(device.root, device.manifest.heads, "cpu")
+        for k in (0, 3):
+            expected = host.generate(prompt, max_new_tokens=24, k=k).token_ids
+            assert device.generate(prompt, max_new_tokens=24, k=k).token_ids == expected
+        host_heads = Generator.load(bundle, backend="cpu", threads=1, fused_heads=True)
+        for seed in range(3):
+            setting = dict(max_new_tokens=16, k=3, temperature=0.9, top_p=0.95, seed=seed)
+            expected = host_heads.generate(prompt, **setting).token_ids
+            assert device.generate(prompt, **setting).token_ids == expected
+            assert device.generate(prompt, mode="split", **setting).token_ids == expected
