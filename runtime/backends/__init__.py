@@ -82,8 +82,8 @@ def probe(manifest: Manifest, requested: str) -> Facts:
 
 
 def _open_cpu(root: Path, manifest: Manifest, placement, _: Plan):
-    return (_open(root, manifest, "target", manifest.target, placement[0]),
-            _open(root, manifest, "draft", manifest.draft, placement[1]))
+    target = _open(root, manifest, "target", manifest.target, placement[0])
+    return target, _open(root, manifest, "draft", manifest.draft, placement[1], beside=target)
 
 
 def _open_cuda(root: Path, manifest: Manifest, placement, _: Plan):
@@ -110,7 +110,7 @@ _OPENERS = {"cpu": _open_cpu, "cuda": _open_cuda, "trt": _open_trt}
 
 
 def _open(root: Path, manifest: Manifest, name: str, entry: ModelEntry,
-          threads: int | None) -> ModelSession:
+          threads: int | None, beside: ModelSession | None = None) -> ModelSession:
     from .ort import OrtCpuSession
 
     max_new = manifest.max_draft + 2     # verify k+1, or a draft step with its catch-up token
@@ -119,16 +119,31 @@ def _open(root: Path, manifest: Manifest, name: str, entry: ModelEntry,
         return OrtCpuSession(name, path, entry, manifest.max_context, max_new, threads or 1)
     candidates = [OrtCpuSession(name, path, entry, manifest.max_context, max_new, n)
                   for n in sorted({1, cpu_cores()})]
-    return min(candidates, key=_step_time)
+    return _fastest(candidates, beside)
 
 
-def _step_time(session: ModelSession, steps: int = 8) -> float:
-    past = min(32, session.max_context - 2)
-    session.prefill(np.zeros(past, np.int64))
-    session.forward(np.zeros(1, np.int64), past)
-    times = []
-    for _ in range(steps):
-        t0 = perf_counter()
-        session.forward(np.zeros(1, np.int64), past)
-        times.append(perf_counter() - t0)
-    return float(np.median(times))
+def _fastest(candidates: list[ModelSession], beside: ModelSession | None,
+             rounds: int = 24) -> ModelSession:
+    """The session with the fewest threads unless more threads are clearly (15%) faster:
+    fewer threads leave cores to the other model and to split mode. Timed interleaved, and
+    for the draft each step right after a target step, as in the loop (the target's thread
+    pool keeps spinning for a while after its run and takes cores from the draft)."""
+    past = min(32, candidates[0].max_context - 2)
+    ids = np.zeros(1, np.int64)
+    for s in [*candidates, *([beside] if beside else [])]:
+        s.prefill(np.zeros(past, np.int64))
+        s.forward(ids, past)
+    times: list[list[float]] = [[] for _ in candidates]
+    for _ in range(rounds):
+        for s, spent in zip(candidates, times):
+            if beside is not None:
+                beside.forward(ids, past)
+            t0 = perf_counter()
+            s.forward(ids, past)
+            spent.append(perf_counter() - t0)
+    medians = [float(np.median(t)) for t in times]
+    best = 0
+    for i, m in enumerate(medians[1:], 1):
+        if m < 0.85 * medians[best]:
+            best = i
+    return candidates[best]
