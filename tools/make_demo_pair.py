@@ -68,7 +68,7 @@ PRESETS = {
                     eval_tokens=32768),
     "full": Preset(corpus_mb=16, vocab=8192, seq_len=256, batch=8,
                    target=ModelSize(384, 6, 6, 2, 1024), draft=ModelSize(160, 2, 5, 1, 432),
-                   target_phase=Phase(1100, 1.5e-3, 1500), draft_phase=Phase(800, 3e-3, 660),
+                   target_phase=Phase(520, 2e-3, 1800), draft_phase=Phase(400, 3e-3, 900),
                    eval_tokens=65536),
 }
 
