@@ -74,7 +74,7 @@ def _check_exists(source: str, role: str) -> None:
             raise ConfigError(f"{role} model {source!r} is not a Hugging Face model folder "
                               f"(no config.json in it).")
         return
-    looks_local = source.startswith((".", "/", "~")) or source.count("/") != 1
+    looks_local = source.startswith((".", "/", "~")) or source.count("/") > 1   # else a hub id
     if looks_local:
         raise ConfigError(f"{role} model folder {source!r} does not exist. ---> HINT: pass a "
                           f"folder written by save_pretrained() or a hub id like org/name.")
