@@ -12,11 +12,19 @@ import tiny  # noqa: E402
 
 
 def _has_gpu() -> bool:
+    """An NVIDIA device plus TensorRT or ONNX Runtime's CUDA provider; each gpu test checks
+    the backend it needs itself."""
+    if not Path("/dev/nvidia0").exists():
+        return False
+    import importlib.util
+
     try:
         import onnxruntime as ort
+
+        cuda = "CUDAExecutionProvider" in ort.get_available_providers()
     except ImportError:
-        return False
-    return "CUDAExecutionProvider" in ort.get_available_providers() and Path("/dev/nvidia0").exists()
+        cuda = False
+    return cuda or importlib.util.find_spec("tensorrt") is not None
 
 
 def pytest_collection_modifyitems(config, items):
