@@ -47,27 +47,37 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def calibrate(target: ModelSession, draft: ModelSession, max_draft: int, past_len: int = 64,
+def calibrate(target: ModelSession, draft: ModelSession, max_draft: int, past_len: int = 128,
               repeats: int = 5) -> CostModel:
-    """Median times of target steps of 1..max_draft+1 tokens and of a draft step."""
+    """Median times of draft steps and of target passes of 1..max_draft+1 tokens.
+
+    Timed in the loop's own pattern — k draft steps, then a verify of k+1 tokens — so
+    that each model pays the cold caches and thread wake-ups it pays in real rounds;
+    timed back to back, a small draft looks several times cheaper than it is.
+    """
     past_len = min(past_len, target.max_context - max_draft - 2)
     target.prefill(np.zeros(past_len, np.int64))
     draft.prefill(np.zeros(past_len, np.int64))
-
-    def timed(session: ModelSession, n: int) -> float:
-        ids = np.zeros(n, np.int64)
-        session.forward(ids, past_len)                                # warm-up
-        times = []
-        for _ in range(repeats):
+    one = np.zeros(1, np.int64)
+    verify_times: list[list[float]] = [[] for _ in range(max_draft + 1)]
+    draft_times: list[float] = []
+    for r in range(repeats + 1):                       # the first pass warms up
+        for k in range(max_draft + 1):
+            for _ in range(k):
+                t0 = perf_counter()
+                draft.forward(one, past_len)
+                if r:
+                    draft_times.append(perf_counter() - t0)
+            ids = np.zeros(k + 1, np.int64)
             t0 = perf_counter()
-            session.forward(ids, past_len)
-            times.append(perf_counter() - t0)
-        return float(np.median(times))
-
-    verify = tuple(timed(target, k + 1) for k in range(max_draft + 1))
+            target.forward(ids, past_len)
+            if r:
+                verify_times[k].append(perf_counter() - t0)
+    verify = [float(np.median(t)) for t in verify_times]
     # verify time never decreases with k: smooth measurement noise away
-    verify = tuple(np.maximum.accumulate(verify))
-    return CostModel(target_step=verify[0], draft_step=timed(draft, 1), verify=verify)
+    verify = tuple(float(v) for v in np.maximum.accumulate(verify))
+    return CostModel(target_step=verify[0], draft_step=float(np.median(draft_times)),
+                     verify=verify)
 
 
 @dataclass
