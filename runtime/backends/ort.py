@@ -54,6 +54,10 @@ class OrtCpuSession:
         self.positions = np.zeros_like(self.ids)
         self._allocate()
         self.binding = self.session.io_binding()
+        # graph names per layer, formatted once: the decode loop binds them on every call
+        self.layer_names = [(contract.past_key(i), contract.past_value(i), contract.new_key(i),
+                             contract.new_value(i)) for i in range(entry.num_layers)]
+        self.logits_dtype = _DTYPES[entry.logits_dtype]
 
     def _open(self, path: Path, threads: int | None):
         import onnxruntime as ort
@@ -107,15 +111,15 @@ class OrtCpuSession:
         past_shape = (1, past_len, e.num_kv_heads, e.head_dim)
         new_shape = (1, n, e.num_kv_heads, e.head_dim)
         offset = past_len * self.row_bytes
-        for i in range(e.num_layers):
+        for i, (past_k, past_v, new_k, new_v) in enumerate(self.layer_names):
             k_ptr, v_ptr = self._kv_ptrs(i)
             # past = rows [0, past_len) of the arena; new rows land at [past_len, past_len + n)
-            b.bind_input(contract.past_key(i), dev, dev_id, kv_type, past_shape, k_ptr)
-            b.bind_input(contract.past_value(i), dev, dev_id, kv_type, past_shape, v_ptr)
-            b.bind_output(contract.new_key(i), dev, dev_id, kv_type, new_shape, k_ptr + offset)
-            b.bind_output(contract.new_value(i), dev, dev_id, kv_type, new_shape, v_ptr + offset)
+            b.bind_input(past_k, dev, dev_id, kv_type, past_shape, k_ptr)
+            b.bind_input(past_v, dev, dev_id, kv_type, past_shape, v_ptr)
+            b.bind_output(new_k, dev, dev_id, kv_type, new_shape, k_ptr + offset)
+            b.bind_output(new_v, dev, dev_id, kv_type, new_shape, v_ptr + offset)
         if logits_out:
-            b.bind_output(contract.LOGITS, dev, dev_id, _DTYPES[e.logits_dtype],
+            b.bind_output(contract.LOGITS, dev, dev_id, self.logits_dtype,
                           (1, n, e.vocab_size), self._logits_ptr())
         else:
             b.bind_output(contract.LOGITS, dev, dev_id)
