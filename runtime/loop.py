@@ -87,7 +87,7 @@ def decode(target: ModelSession, drafter: SequentialDrafter,
                 return
             k_round = min(schedule.next_k(), room - 1, max_new_tokens - produced - 1)
             t0 = perf_counter()
-            drafts, draft_probs = drafter.propose(seq, k_round) if k_round else ([], [])
+            drafts, draft_probs = drafter.propose(seq, k_round)   # k_round = 0 drops a stale bet
             t1 = perf_counter()
             # verify: one target pass over [last, d1..dk] at positions target_len..target_len+k
             drafter.bet(drafts)              # split mode: the draft works on while we verify
