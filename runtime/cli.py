@@ -16,7 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("bundle", help="bundle folder written by ssd-export")
     p.add_argument("--prompt", required=True, help="prompt text")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--k", type=_k_value, default="auto",
+    p.add_argument("--k", type=k_option, default="auto",
                    help="draft tokens per round: auto (default, adaptive) or N; 0 = target alone")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens (0 = off)")
@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _k_value(text: str) -> int | str:
+def k_option(text: str) -> int | str:
+    """argparse type for --k: 'auto' or a whole number (ssd-run and ssd-serve)."""
     if text == "auto":
         return text
     try:

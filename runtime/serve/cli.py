@@ -9,6 +9,7 @@ import argparse
 import logging
 import sys
 
+from ..cli import k_option
 from ..errors import ConfigError, SsdError
 from .config import ServeConfig
 
@@ -20,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda", "trt"))
-    p.add_argument("--k", type=_k_option, default="auto", metavar="auto|N",
+    p.add_argument("--k", type=k_option, default="auto", metavar="auto|N",
                    help="draft tokens per round: auto (adaptive, default) or N; 0 = target alone")
     p.add_argument("--max-queue", type=int, default=64, metavar="N",
                    help="requests that may wait for the generator; more get 429 (default 64)")
@@ -64,15 +65,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-
-
-def _k_option(text: str) -> int | str:
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not 'auto' or a whole number") from None
 
 
 def _single_process(config: ServeConfig):
