@@ -21,11 +21,15 @@ class GreedyAcceptance:
     def verify(self, target_logits: np.ndarray, drafts: list[int],
                draft_probs: list[np.ndarray | None]) -> tuple[int, int]:
         """target_logits: (k+1, vocab). Returns (accepted j, next token t)."""
-        choices = np.argmax(target_logits, axis=-1)     # (k+1,)
-        j = 0
-        while j < len(drafts) and drafts[j] == choices[j]:
-            j += 1
-        return j, int(choices[j])
+        return leading_agreement(drafts, np.argmax(target_logits, axis=-1))
+
+
+def leading_agreement(drafts: list[int], choices: np.ndarray) -> tuple[int, int]:
+    """Greedy verdict from the target's choices (k+1,): (accepted j, next token choices[j])."""
+    j = 0
+    while j < len(drafts) and drafts[j] == choices[j]:
+        j += 1
+    return j, int(choices[j])
 
 
 class SamplingAcceptance:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ConfigError, SsdError
+from .errors import ConfigError, cli_main
 from .perf import CostModel, expected_tokens
 
 
@@ -149,15 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@cli_main("ssd-bench")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        configs = _configs(args)
-        report = run_bench(args.bundle, configs, load_prompts(args.prompts), args.max_new_tokens,
-                           args.temperature, args.repeats, args.backend)
-    except SsdError as exc:
-        print(f"ssd-bench: error: {exc}", file=sys.stderr)
-        return 2
+    configs = _configs(args)
+    report = run_bench(args.bundle, configs, load_prompts(args.prompts), args.max_new_tokens,
+                       args.temperature, args.repeats, args.backend)
     print(format_table(report))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")

@@ -8,7 +8,7 @@ import argparse
 import json
 import sys
 
-from .errors import SsdError
+from .errors import cli_main
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,32 +33,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@cli_main("ssd-run")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        from .generator import Generator
+    from .generator import Generator
 
-        gen = Generator.load(args.bundle, backend=args.backend, threads=args.threads)
-        options = dict(max_new_tokens=args.max_new_tokens, k=args.k, temperature=args.temperature,
-                       top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,
-                       mode=args.mode)
-        if args.json:
-            res = gen.generate(args.prompt, **options)
-            print(json.dumps({"text": res.text, "token_ids": res.token_ids,
-                              "stop_reason": res.stop_reason, "stats": res.stats.as_dict()}))
-            return 0
-        for piece in gen.stream(args.prompt, **options):
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-        sys.stdout.write("\n")
-        if args.stats:
-            print(format_stats(gen.last_result.stats), file=sys.stderr)
+    gen = Generator.load(args.bundle, backend=args.backend, threads=args.threads)
+    options = dict(max_new_tokens=args.max_new_tokens, k=args.k, temperature=args.temperature,
+                   top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,
+                   mode=args.mode)
+    if args.json:
+        res = gen.generate(args.prompt, **options)
+        print(json.dumps({"text": res.text, "token_ids": res.token_ids,
+                          "stop_reason": res.stop_reason, "stats": res.stats.as_dict()}))
         return 0
-    except SsdError as exc:
-        print(f"ssd-run: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    for piece in gen.stream(args.prompt, **options):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    if args.stats:
+        print(format_stats(gen.last_result.stats), file=sys.stderr)
+    return 0
 
 
 def k_option(text: str) -> int | str:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .acceptance import leading_agreement, random_streams
 from .backends.device import DeviceLogits
 from .errors import BackendError, BundleError
 from .sampling import SamplingParams, position_uniform
@@ -93,17 +94,11 @@ class FusedGreedyAcceptance:
 
     def verify(self, target_logits: np.ndarray, drafts: list[int],
                draft_probs: list) -> tuple[int, int]:
-        choices = self.heads.argmax(target_logits)                                # (k+1,)
-        j = 0
-        while j < len(drafts) and drafts[j] == choices[j]:
-            j += 1
-        return j, int(choices[j])
+        return leading_agreement(drafts, self.heads.argmax(target_logits))        # (k+1,)
 
 
 class FusedSamplingAcceptance:
     def __init__(self, heads: HeadSessions, params: SamplingParams) -> None:
-        from .acceptance import random_streams
-
         self.heads, self.params = heads, params
         self.draft_key, self.verify_rng = random_streams(params.seed)
 

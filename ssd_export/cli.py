@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ssd_runtime.errors import SsdError
+from ssd_runtime.errors import cli_main
 
 from .config import ExportConfig
 
@@ -41,35 +41,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@cli_main("ssd-export", "interrupted; nothing was written.")
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        if args.list_architectures:
-            from ssd_graphs.adapters import supported_architectures
+    if args.list_architectures:
+        from ssd_graphs.adapters import supported_architectures
 
-            print("\n".join(supported_architectures()))
-            return 0
-        missing = [f"--{n}" for n in ("target", "draft", "output") if getattr(args, n) is None]
-        if missing:
-            parser.error(f"the following arguments are required: {', '.join(missing)}")
-        config = ExportConfig(target=args.target, draft=args.draft, output=args.output,
-                              max_context=args.max_context, max_draft=args.max_draft,
-                              dtype=args.dtype, force=args.force, quiet=args.quiet,
-                              engines=args.engines, engine_precision=args.engine_precision)
-        try:
-            from .pipeline import export_bundle
-        except ImportError as exc:
-            print(f"ssd-export: error: {EXTRA_HINT} (missing: {exc.name})", file=sys.stderr)
-            return 2
-        export_bundle(config)
+        print("\n".join(supported_architectures()))
         return 0
-    except SsdError as exc:
-        print(f"ssd-export: error: {exc}", file=sys.stderr)
+    missing = [f"--{n}" for n in ("target", "draft", "output") if getattr(args, n) is None]
+    if missing:
+        parser.error(f"the following arguments are required: {', '.join(missing)}")
+    config = ExportConfig(target=args.target, draft=args.draft, output=args.output,
+                          max_context=args.max_context, max_draft=args.max_draft,
+                          dtype=args.dtype, force=args.force, quiet=args.quiet,
+                          engines=args.engines, engine_precision=args.engine_precision)
+    try:
+        from .pipeline import export_bundle
+    except ImportError as exc:
+        print(f"ssd-export: error: {EXTRA_HINT} (missing: {exc.name})", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("ssd-export: interrupted; nothing was written.", file=sys.stderr)
-        return 130
+    export_bundle(config)
+    return 0
 
 
 def build_engines_parser() -> argparse.ArgumentParser:
@@ -89,25 +83,19 @@ def build_engines_parser() -> argparse.ArgumentParser:
     return p
 
 
+@cli_main("ssd-build-engines", "interrupted; the bundle is unchanged.")
 def build_engines_main(argv: list[str] | None = None) -> int:
     args = build_engines_parser().parse_args(argv)
-    try:
-        from .engines import add_engines
+    from .engines import add_engines
 
-        say = (lambda text: None) if args.quiet else \
-            (lambda text: print(text, file=sys.stderr, flush=True))
-        manifest = add_engines(args.bundle, args.precision, args.version_compatible, args.force,
-                               say)
-        built = [e.path for e in manifest.engines][-2:]
-        say(f"ssd-build-engines: wrote {', '.join(built)} and updated "
-            f"{args.bundle / 'manifest.json'}")
-        return 0
-    except SsdError as exc:
-        print(f"ssd-build-engines: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("ssd-build-engines: interrupted; the bundle is unchanged.", file=sys.stderr)
-        return 130
+    say = (lambda text: None) if args.quiet else \
+        (lambda text: print(text, file=sys.stderr, flush=True))
+    manifest = add_engines(args.bundle, args.precision, args.version_compatible, args.force,
+                           say)
+    built = [e.path for e in manifest.engines][-2:]
+    say(f"ssd-build-engines: wrote {', '.join(built)} and updated "
+        f"{args.bundle / 'manifest.json'}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import logging
 import sys
 
 from ..cli import k_option
-from ..errors import ConfigError, SsdError
+from ..errors import ConfigError, cli_main
 from .config import ServeConfig
 
 
@@ -46,25 +46,20 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                        threads=args.threads, model_name=args.model_name)
 
 
+@cli_main("ssd-serve")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
-    try:
-        config = config_from_args(args)
-        if args.ray_replicas < 0:
-            raise ConfigError(f"--ray-replicas {args.ray_replicas} must be 1 or more (0: no Ray).")
-        if args.ray_replicas:
-            _ray().serve_forever(config, args.ray_replicas, args.ray_address)
-            return 0
-        app, uvicorn = _single_process(config)
-        uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level,
-                    timeout_graceful_shutdown=5)
+    config = config_from_args(args)
+    if args.ray_replicas < 0:
+        raise ConfigError(f"--ray-replicas {args.ray_replicas} must be 1 or more (0: no Ray).")
+    if args.ray_replicas:
+        _ray().serve_forever(config, args.ray_replicas, args.ray_address)
         return 0
-    except SsdError as exc:
-        print(f"ssd-serve: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    app, uvicorn = _single_process(config)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level,
+                timeout_graceful_shutdown=5)
+    return 0
 
 
 def _single_process(config: ServeConfig):
