@@ -9,6 +9,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import onnx
 import torch
 
 from ssd_runtime import contract
@@ -56,9 +57,51 @@ def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context:
             dynamic_shapes=shapes, verbose=False,
         )
         program.save(str(path), external_data=True)
+    rewrite_rsqrt_as_div(path)
     return TracedModel(
         path=path, num_layers=n_layers, num_kv_heads=decoder.num_kv_heads,
         head_dim=decoder.head_dim, vocab_size=model.config.vocab_size,
         kv_dtype=str(dtype).removeprefix("torch."),
         parameters=sum(p.numel() for p in model.parameters()),
     )
+
+
+def rewrite_rsqrt_as_div(path: Path) -> int:
+    """`x * Reciprocal(Sqrt(a))` -> `x / Sqrt(a)`, in place; returns how many were rewritten.
+
+    Hugging Face RMSNorms compute `x * rsqrt(mean(x²) + eps)`, which traces to
+    Sqrt → Reciprocal → Mul. ONNX Runtime fuses the Pow → ReduceMean → Add → Sqrt → Div → Mul
+    form into one SimplifiedLayerNormalization kernel, and leaves the other as six nodes per norm
+    (measured on a 2-layer draft: 140 → 110 nodes after optimisation). Same arithmetic up to one
+    rounding; parity is checked on the rewritten graph. Weights stay in the external data file.
+    """
+    model = onnx.load(str(path), load_external_data=False)
+    nodes = model.graph.node
+    producer = {out: node for node in nodes for out in node.output}
+    consumers: dict[str, list] = {}
+    for node in nodes:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    graph_outputs = {o.name for o in model.graph.output}
+    dropped = []
+    for node in nodes:
+        sqrt = producer.get(node.input[0]) if node.op_type == "Reciprocal" else None
+        users = consumers.get(node.output[0], []) if sqrt is not None else []
+        if (sqrt is None or sqrt.op_type != "Sqrt" or not users or node.output[0] in graph_outputs
+                or any(u.op_type != "Mul" or u.domain not in ("", "ai.onnx") for u in users)):
+            continue
+        for mul in users:
+            a, b = mul.input
+            other = b if a == node.output[0] else a
+            if other == node.output[0]:     # x⁻¹ · x⁻¹: leave that one alone
+                break
+            mul.op_type = "Div"
+            del mul.input[:]
+            mul.input.extend([other, sqrt.output[0]])
+        else:
+            dropped.append(node)
+    for node in dropped:
+        nodes.remove(node)
+    if dropped:
+        onnx.save(model, str(path))
+    return len(dropped)
