@@ -16,7 +16,7 @@ from .drafting import SequentialDrafter, SplitDrafter
 from .errors import ConfigError
 from .heads import HeadSessions
 from .loop import Stats, decode
-from .perf import AdaptiveK, CostModel, FixedK, calibrate
+from .perf import Acceptance, AdaptiveK, CostModel, FixedK, calibrate
 from .manifest import Manifest, read_manifest
 from .sampling import SamplingParams
 from .text import TextCodec, TextStream
@@ -50,6 +50,7 @@ class Generator:
         self.eos_ids = set(manifest.tokenizer.eos_token_ids)
         self.last_result: GenerationResult | None = None
         self._cost: CostModel | None = None
+        self._learnt: dict[str, Acceptance] = {}     # k="auto": what earlier calls saw
 
     @classmethod
     def load(cls, bundle: str | Path, backend: str = "auto", threads: Threads = None,
@@ -92,7 +93,9 @@ class Generator:
                       threads=f"{self.target.threads}:{self.draft.threads}")
         text = TextStream(self.codec, list(stop or []))
         rule = make_rule(params, self.heads)
-        schedule = AdaptiveK(self.cost_model(), self.manifest.max_draft) if k == "auto" \
+        kind = "greedy" if params.greedy else "sampled"
+        schedule = AdaptiveK(self.cost_model(), self.manifest.max_draft,
+                             self._learnt.setdefault(kind, Acceptance())) if k == "auto" \
             else FixedK(k)
         drafter = DRAFTERS[mode](self.draft, rule, schedule)
         rounds = decode(self.target, drafter, rule, ids, max_new_tokens, schedule, self.eos_ids,

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from ssd_runtime import Generator
-from ssd_runtime.perf import AdaptiveK, CostModel, expected_tokens
+from ssd_runtime.perf import Acceptance, AdaptiveK, CostModel, expected_tokens
 
 
 def gpu_like() -> CostModel:      # v(k) ≈ 1, a cheap draft
@@ -25,6 +25,11 @@ def test_expected_tokens_and_speedup():
     alpha, k = 0.8, 4
     bound = (1 - alpha ** (k + 1)) / (1 - alpha) / (k * cost.c + cost.v(k))
     assert cost.speedup(alpha, k) == pytest.approx(bound)
+    # a dearer first step of the round (cold caches) is priced once per round
+    cold = CostModel(cost.target_step, cost.draft_step, cost.verify, draft_first=0.2)
+    assert cold.round_cost(k) == pytest.approx(0.2 + (k - 1) * cost.c + cost.v(k))
+    assert cold.round_cost(0) == pytest.approx(1.0)
+    assert cold.speedup(alpha, k) < cost.speedup(alpha, k)
 
 
 def test_best_k_follows_alpha_and_costs():
@@ -42,19 +47,34 @@ def test_adaptive_tracks_alpha():
     assert sched.alpha > 0.9 and sched.next_k() == 8
     for _ in range(60):                 # every first draft token rejected
         sched.observe(sched.next_k(), 0)
-    assert sched.alpha < 0.1 and sched.next_k() <= 1
+    # one token may still pay at this cheap draft, a second one does not
+    assert sched.alpha < 0.1 and not sched.keep_drafting(1, np.zeros((1, 4)))
+    assert AdaptiveK(cpu_like(), 8, sched.learnt).next_k() == 0
+
+
+def test_acceptance_learns_per_confidence():
+    learnt = Acceptance()
+    for _ in range(40):     # confident tokens (top 0.95) survive, unsure ones (0.3) do not
+        learnt.observe(3, 2, [0.95, 0.95, 0.3])
+    assert learnt.chance(0.96) > 0.9 and learnt.chance(0.31) < 0.2
+    assert learnt.chance(0.55) == pytest.approx(learnt.alpha)   # an unseen tenth: α
 
 
 def test_adaptive_stops_drafting_when_the_draft_is_unsure():
-    sched = AdaptiveK(cpu_like(), max_k=8, accepted=8.0, rejected=2.0)
-    confident = np.array([[10.0, 0.0, 0.0, 0.0]])
-    unsure = np.zeros((1, 4))           # top probability 0.25
-    for _ in range(20):                 # the draft is usually confident
-        sched.next_k()
-        assert sched.keep_drafting(1, confident)
-    sched.next_k()
+    learnt = Acceptance(accepted=8.0, rejected=2.0)
+    for _ in range(20):
+        learnt.observe(3, 2, [0.95, 0.95, 0.3])
+    sched = AdaptiveK(gpu_like(), max_k=8, learnt=learnt)
+    confident = np.array([[10.0, 0.0, 0.0, 0.0]])    # top probability ~1
+    unsure = np.array([[0.3, 0.0, 0.0, 0.0]])        # top probability ~0.31
+    assert sched.next_k() >= 4
+    assert sched.keep_drafting(1, confident) and sched.keep_drafting(2, confident)
+    assert not sched.keep_drafting(3, unsure)
+    sched.next_k()                                   # the next round starts afresh
     assert sched.keep_drafting(1, confident)
-    assert not sched.keep_drafting(2, unsure)
+    # the round never drafts past its plan
+    sched = AdaptiveK(gpu_like(), max_k=2, learnt=learnt)
+    assert sched.next_k() == 2 and not sched.keep_drafting(2, confident)
 
 
 def test_auto_on_a_real_bundle(bundle_factory):
