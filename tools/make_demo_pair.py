@@ -20,7 +20,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
 from transformers.optimization import get_cosine_schedule_with_warmup
 from transformers.utils import logging as hf_logging
 
@@ -56,20 +61,25 @@ class Preset:
     target_phase: Phase
     draft_phase: Phase
     eval_tokens: int
+    generated: int  # draft data: sequences the target continues from corpus prefixes ...
+    corpus_windows: int  # ... plus corpus windows; the target's log-probs on both are cached
+    prefix_len: int = 64
 
 
-# Sized from measured fp32 throughput (batch 8 x 256). quick: ~3 min on 1 core (target ~0.21 s/step);
-# at this budget smaller models reach lower loss. full: ~30 min on 2 cores (target ~1.1 s/step,
-# draft ~0.6). The budgets cap a slow machine at about 9 and 37 minutes.
+# Sized from measured fp32 throughput on 2 quiet cores (batch 8 x 256): full target ~0.95 s/step,
+# draft ~0.09 s/step on cached teacher log-probs, target continuations ~3.2 s per 32 x 192 tokens;
+# full is ~33 min in all. The budgets cap a slow machine at about 43 minutes. A small vocabulary
+# keeps the draft's step cheap (its LM head would otherwise dominate it) and each token easier to
+# guess; tokens/s figures are then per (shorter) token, and so are both sides of every ratio.
 PRESETS = {
     "quick": Preset(corpus_mb=3, vocab=2048, seq_len=256, batch=8,
                     target=ModelSize(128, 4, 4, 2, 344), draft=ModelSize(64, 1, 2, 1, 172),
                     target_phase=Phase(600, 3e-3, 360), draft_phase=Phase(300, 5e-3, 180),
-                    eval_tokens=32768),
-    "full": Preset(corpus_mb=16, vocab=8192, seq_len=256, batch=8,
-                   target=ModelSize(384, 6, 6, 2, 1024), draft=ModelSize(160, 2, 5, 1, 432),
-                   target_phase=Phase(520, 2e-3, 1800), draft_phase=Phase(400, 3e-3, 900),
-                   eval_tokens=65536),
+                    eval_tokens=32768, generated=64, corpus_windows=64),
+    "full": Preset(corpus_mb=16, vocab=2048, seq_len=256, batch=8,
+                   target=ModelSize(384, 7, 6, 2, 1024), draft=ModelSize(160, 2, 5, 1, 432),
+                   target_phase=Phase(1200, 2e-3, 1700), draft_phase=Phase(2400, 3e-3, 500),
+                   eval_tokens=65536, generated=1536, corpus_windows=1536),
 }
 
 
@@ -160,36 +170,76 @@ def next_token_loss(logits: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
 
 
-def distill_loss(student: torch.Tensor, teacher: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+def distill_loss(student: torch.Tensor, teacher_logp: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+    """alpha x KL(teacher || student) at DISTILL_TEMPERATURE + (1 - alpha) x cross-entropy."""
     v, temperature, alpha = student.size(-1), DISTILL_TEMPERATURE, DISTILL_ALPHA
     s = F.log_softmax(student[:, :-1].reshape(-1, v) / temperature, dim=-1)
-    t = F.log_softmax(teacher[:, :-1].reshape(-1, v) / temperature, dim=-1)
+    t = F.log_softmax(teacher_logp[:, :-1].reshape(-1, v).float() / temperature, dim=-1)
     kl = F.kl_div(s, t, log_target=True, reduction="batchmean") * temperature ** 2
     return alpha * kl + (1 - alpha) * next_token_loss(student, batch)
 
 
-def sample_batch(stream: torch.Tensor, preset: Preset, gen: torch.Generator) -> torch.Tensor:
-    starts = torch.randint(0, len(stream) - preset.seq_len, (preset.batch,), generator=gen)
-    return torch.stack([stream[s:s + preset.seq_len] for s in starts.tolist()])
+def windows(stream: torch.Tensor, length: int, n: int, gen: torch.Generator) -> torch.Tensor:
+    starts = torch.randint(0, len(stream) - length, (n,), generator=gen)
+    return torch.stack([stream[s:s + length] for s in starts.tolist()])
 
 
-def train_phase(name: str, model: LlamaForCausalLM, stream: torch.Tensor, preset: Preset,
-                phase: Phase, seed: int, teacher: LlamaForCausalLM | None = None) -> dict:
-    """Fixed-step AdamW + cosine training; distills from `teacher` when given."""
+@torch.no_grad()
+def continue_with(target: LlamaForCausalLM, prefixes: torch.Tensor, new_tokens: int, seed: int,
+                  chunk: int = 32) -> torch.Tensor:
+    """The target's own continuations of `prefixes`: even chunks greedy, odd chunks sampled at
+    temperature 1 (no truncation). End-of-text is suppressed so every row has `new_tokens`."""
+    out = []
+    for i, part in enumerate(prefixes.split(chunk)):
+        torch.manual_seed(seed + i)
+        sample = i % 2 == 1
+        out.append(target.generate(
+            part, attention_mask=torch.ones_like(part), max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens, do_sample=sample, temperature=1.0 if sample else None,
+            top_k=0 if sample else None, top_p=1.0 if sample else None))
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def draft_data(target: LlamaForCausalLM, stream: torch.Tensor, preset: Preset,
+               seed: int) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """What the draft learns from: the target's continuations of corpus prefixes (the text it
+    will be asked to guess at run time, as in on-policy distillation) and plain corpus windows,
+    with the target's log-probs on every position cached once in float16."""
+    start = time.monotonic()
+    gen = torch.Generator().manual_seed(seed)
+    prefixes = windows(stream, preset.prefix_len, preset.generated, gen)
+    generated = continue_with(target, prefixes, preset.seq_len - preset.prefix_len, seed)
+    gen_seconds = time.monotonic() - start
+    seqs = torch.cat([generated, windows(stream, preset.seq_len, preset.corpus_windows, gen)])
+    logp = torch.empty(*seqs.shape, target.config.vocab_size, dtype=torch.float16)
+    for rows in torch.arange(len(seqs)).split(preset.batch):
+        logp[rows] = F.log_softmax(target(input_ids=seqs[rows], use_cache=False).logits, -1).half()
+    info = {"generated": len(generated), "corpus_windows": len(seqs) - len(generated),
+            "prefix_len": preset.prefix_len, "generate_seconds": round(gen_seconds, 1),
+            "seconds": round(time.monotonic() - start, 1)}
+    print(f"[draft data] {info}", flush=True)
+    return seqs, logp, info
+
+
+def train_phase(name: str, model: LlamaForCausalLM, preset: Preset, phase: Phase, seed: int,
+                stream: torch.Tensor | None = None,
+                cached: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict:
+    """Fixed-step AdamW + cosine training: next-token loss on random `stream` windows, or
+    distillation on random rows of `cached` (sequences, teacher log-probs)."""
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=phase.lr, betas=(0.9, 0.95), weight_decay=0.01)
     sched = get_cosine_schedule_with_warmup(opt, max(1, phase.steps // 10), phase.steps)
     model.train()
     start, loss_ema, step = time.monotonic(), float("nan"), 0
     for step in range(1, phase.steps + 1):
-        batch = sample_batch(stream, preset, gen)
-        logits = model(input_ids=batch, use_cache=False).logits
-        if teacher is None:
-            loss = next_token_loss(logits, batch)
+        if cached is None:
+            batch = windows(stream, preset.seq_len, preset.batch, gen)
+            loss = next_token_loss(model(input_ids=batch, use_cache=False).logits, batch)
         else:
-            with torch.no_grad():
-                t_logits = teacher(input_ids=batch, use_cache=False).logits
-            loss = distill_loss(logits, t_logits, batch)
+            rows = torch.randint(0, len(cached[0]), (preset.batch,), generator=gen)
+            batch = cached[0][rows]
+            loss = distill_loss(model(input_ids=batch, use_cache=False).logits, cached[1][rows], batch)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -210,13 +260,15 @@ def train_phase(name: str, model: LlamaForCausalLM, stream: torch.Tensor, preset
 
 @torch.no_grad()
 def evaluate(target: LlamaForCausalLM, draft: LlamaForCausalLM, stream: torch.Tensor,
-             preset: Preset) -> dict:
-    """Held-out next-token loss of each model and draft/target greedy top-1 agreement."""
+             preset: Preset, seed: int) -> dict:
+    """Held-out next-token loss of each model, draft/target greedy top-1 agreement on held-out
+    text, and the same agreement on the target's greedy continuations of held-out prefixes
+    (what greedy speculative decoding sees: its acceptance rate per drafted token)."""
     n = min(len(stream), preset.eval_tokens) // preset.seq_len
-    windows = stream[: n * preset.seq_len].view(n, preset.seq_len)
+    rows = stream[: n * preset.seq_len].view(n, preset.seq_len)
     sums = {"target": 0.0, "draft": 0.0, "agree": 0.0}
     count = 0
-    for chunk in windows.split(preset.batch):
+    for chunk in rows.split(preset.batch):
         t_logits = target(input_ids=chunk, use_cache=False).logits
         d_logits = draft(input_ids=chunk, use_cache=False).logits
         k = chunk[:, 1:].numel()
@@ -224,9 +276,15 @@ def evaluate(target: LlamaForCausalLM, draft: LlamaForCausalLM, stream: torch.Te
         sums["draft"] += next_token_loss(d_logits, chunk).item() * k
         sums["agree"] += (t_logits.argmax(-1) == d_logits.argmax(-1))[:, :-1].float().sum().item()
         count += k
+    prefixes = windows(stream, preset.prefix_len, 32, torch.Generator().manual_seed(seed))
+    greedy = continue_with(target, prefixes, 128, seed, chunk=len(prefixes))  # one greedy chunk
+    guesses = draft(input_ids=greedy, use_cache=False).logits[:, preset.prefix_len - 1:-1].argmax(-1)
     return {"heldout_tokens": count, "target_heldout_loss": round(sums["target"] / count, 4),
             "draft_heldout_loss": round(sums["draft"] / count, 4),
-            "top1_agreement": round(sums["agree"] / count, 4)}
+            "top1_agreement": round(sums["agree"] / count, 4),
+            "greedy_continuation_tokens": guesses.numel(),
+            "greedy_continuation_agreement": round(
+                (guesses == greedy[:, preset.prefix_len:]).float().mean().item(), 4)}
 
 
 @torch.no_grad()
@@ -273,14 +331,19 @@ at {c['cap_mb']} MB. Every 50th file is held out ({c['heldout_files']} files); t
 {rows}
 
 Target: next-token cross-entropy. Draft: {dist['alpha']} x KL(target ‖ draft) at temperature
-{dist['temperature']} + {round(1 - dist['alpha'], 3)} x cross-entropy (its train loss is that mix).
+{dist['temperature']} + {round(1 - dist['alpha'], 3)} x cross-entropy (its train loss is that mix), on
+{dist['data']['generated']:,} continuations written by the target itself ({dist['data']['prefix_len']}-token corpus prefixes,
+half greedy, half sampled at temperature 1; {dist['data']['generate_seconds']} s) and
+{dist['data']['corpus_windows']:,} corpus windows, the target's log-probs cached once for both.
 AdamW, cosine schedule, 10% warmup, batches of {card['batch']} x {card['seq_len']} tokens,
 seed {card['seed']}, {card['threads']} thread(s). Losses are nats per token; train loss is an EMA.
 Total wall time {card['total_seconds']} s ({card['machine']}).
 
 ## Agreement
-Draft/target greedy top-1 agreement over {ev['heldout_tokens']:,} held-out positions
-(teacher-forced, float16-rounded weights run in float32): **{ev['top1_agreement']}**.
+Draft/target greedy top-1 agreement (float16-rounded weights run in float32):
+- over {ev['heldout_tokens']:,} held-out positions, teacher-forced: **{ev['top1_agreement']}**;
+- over {ev['greedy_continuation_tokens']:,} tokens of the target's greedy continuations of held-out prefixes (the
+  acceptance rate greedy speculative decoding sees): **{ev['greedy_continuation_agreement']}**.
 
 ## Reproduce
 `{card['command']}`
@@ -302,18 +365,22 @@ def build(args: argparse.Namespace, workdir: Path) -> dict:
     torch.manual_seed(args.seed)
     target = build_model(preset.target, preset.vocab)
     draft = build_model(preset.draft, preset.vocab)
-    t_train = train_phase("target", target, train_stream, preset, preset.target_phase, args.seed + 1)
-    d_train = train_phase("draft", draft, train_stream, preset, preset.draft_phase, args.seed + 2,
-                          teacher=target)
-    round_to_fp16(target)  # evaluate the weights that get saved
+    t_train = train_phase("target", target, preset, preset.target_phase, args.seed + 1,
+                          stream=train_stream)
+    target.eval()
+    round_to_fp16(target)  # the draft learns, and everything is evaluated, on the saved weights
+    seqs, logp, d_data = draft_data(target, train_stream, preset, args.seed + 3)
+    d_train = train_phase("draft", draft, preset, preset.draft_phase, args.seed + 2,
+                          cached=(seqs, logp))
+    del seqs, logp
     round_to_fp16(draft)
-    ev = evaluate(target, draft, held_stream, preset)
+    ev = evaluate(target, draft, held_stream, preset, args.seed + 4)
     save_model(target, hf_tok, workdir / "target")
     save_model(draft, hf_tok, workdir / "draft")
     return {
         "preset": args.preset, "seed": args.seed, "threads": args.threads, "vocab": preset.vocab,
         "seq_len": preset.seq_len, "batch": preset.batch,
-        "distill": {"temperature": DISTILL_TEMPERATURE, "alpha": DISTILL_ALPHA},
+        "distill": {"temperature": DISTILL_TEMPERATURE, "alpha": DISTILL_ALPHA, "data": d_data},
         "corpus": {"stdlib": str(root), "python": platform.python_version(), "files": len(texts),
                    "bytes": sum(len(t.encode()) for t in texts), "heldout_files": len(held_texts),
                    "train_tokens": len(train_stream), "cap_mb": preset.corpus_mb},
