@@ -233,7 +233,7 @@ def plot(report: dict, path: str) -> None:
     for r in report["results"]:
         if r["k"] == "auto" and r["speedup"]:
             ax.axhline(r["speedup"], color="grey", lw=0.8, ls=":")
-            ax.annotate(f"auto ({r['mode']})", (0, r["speedup"]), fontsize=7)
+            ax.annotate(f"auto ({r['mode']} {r['threads']})", (0, r["speedup"]), fontsize=7)
     ax.set_xlabel("k (draft tokens per round)")
     ax.set_ylabel("speed-up over k = 0")
     ax.legend(fontsize=7)

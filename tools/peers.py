@@ -123,8 +123,13 @@ def build_genai(target: Path, draft: Path, workdir: Path, stamp: str) -> Path:
 
 def ours_variants(bundle: Path, threads: int, ks: list[int | str]) -> list[Variant]:
     from ssd_runtime import Generator
+    from ssd_runtime.backends import cpu_cores
 
-    gen = Generator.load(bundle, backend="cpu", threads=threads)   # every peer runs on CPU
+    # The same thread budget as the other peers; within it, what the runtime does by default:
+    # with every core allowed it picks each model's count itself (here target 2, draft 1).
+    placement = None if threads >= cpu_cores() else (threads, threads)
+    gen = Generator.load(bundle, backend="cpu", threads=placement)   # every peer runs on CPU
+    where = f" ({gen.target.threads}:{gen.draft.threads})"
 
     def runner(k: int | str) -> Callable[[list[int], int], Sample]:
         def run(ids: list[int], n: int) -> Sample:
@@ -133,7 +138,7 @@ def ours_variants(bundle: Path, threads: int, ks: list[int | str]) -> list[Varia
             return Sample(list(res.token_ids), time.perf_counter() - t0,
                           res.stats.seconds["decode"], res.stats.acceptance_rate if k else None)
         return run
-    return [Variant("ours", f"k={k}", k != 0, runner(k)) for k in [0, *ks]]
+    return [Variant("ours", f"k={k}{where}", k != 0, runner(k)) for k in [0, *ks]]
 
 
 def hf_variants(target, draft, threads: int) -> list[Variant]:
@@ -171,11 +176,13 @@ def genai_variants(root: Path, threads: int, genai_ks: list[str],
     import numpy as np
     import onnxruntime_genai as og
 
-    so = {"session_options": {"intra_op_num_threads": threads, "inter_op_num_threads": 1}}
+    def options(n: int) -> dict:
+        return {"session_options": {"intra_op_num_threads": n, "inter_op_num_threads": 1}}
 
-    def model(path: Path, spec: bool):
+    def model(path: Path, spec: bool, draft_threads: int = threads):
         cfg = og.Config(str(path))
-        cfg.overlay(json.dumps({"model": {"decoder": so, **({"draft": so} if spec else {})}}))
+        cfg.overlay(json.dumps({"model": {"decoder": options(threads),
+                                          **({"draft": options(draft_threads)} if spec else {})}}))
         return og.Model(cfg)
 
     def runner(m, opts: dict | None) -> Callable[[list[int], int], Sample]:
@@ -203,12 +210,15 @@ def genai_variants(root: Path, threads: int, genai_ks: list[str],
     except Exception as exc:                 # noqa: BLE001 - report the peer's own words
         notes.append(f"GenAI speculative mode not loadable ({root}/genai_config.json): {exc}")
         return out
-    for k in genai_ks:
-        adaptive = k == "adaptive"
-        opts = {"max_draft_tokens": 4 if adaptive else int(k),
-                "min_adaptive_k": 2 if adaptive else 0}
-        name = "adaptive (min_adaptive_k=2)" if adaptive else f"K={k}"
-        out.append(Variant("genai", name, True, runner(spec, opts)))
+    # the placement ours picks by itself (draft on one thread), offered to GenAI too
+    specs = [(spec, "")] + ([(model(root, True, 1), f" ({threads}:1)")] if threads > 1 else [])
+    for m, where in specs:
+        for k in genai_ks:
+            adaptive = k == "adaptive"
+            opts = {"max_draft_tokens": 4 if adaptive else int(k),
+                    "min_adaptive_k": 2 if adaptive else 0}
+            name = ("adaptive (min_adaptive_k=2)" if adaptive else f"K={k}") + where
+            out.append(Variant("genai", name, True, runner(m, opts)))
     return out
 
 
@@ -290,7 +300,8 @@ def ratios(rows: list[dict], threads: int) -> list[dict]:
     def best(peer: str) -> dict | None:
         return max((r for r in mine if r["peer"] == peer), key=lambda r: r["tokens_per_s"],
                    default=None)
-    ours = next((r for r in mine if r["peer"] == "ours" and r["config"] == "k=auto"), None) \
+    ours = next((r for r in mine if r["peer"] == "ours" and r["config"].startswith("k=auto")),
+                None) \
         or best("ours")
     out = []
     for peer, goal in GOALS.items():
