@@ -130,7 +130,8 @@ class Acceptance:
     while that tenth has seen few tokens.
     """
 
-    decay: float = 0.9            # per round
+    decay: float = 0.9            # per round, for α
+    bin_decay: float = 0.98       # per round, for the confidence tenths (they see fewer tokens)
     accepted: float = 2.0         # prior: α = 0.5 with the weight of a few rounds
     rejected: float = 2.0
     prior: float = 4.0            # tokens' worth of α each bin starts with
@@ -156,9 +157,8 @@ class Acceptance:
         self.rejected = self.decay * self.rejected + (1 if accepted < drafted else 0)
         judged = list(tops[:accepted + 1])            # the accepted ones, then the rejected one
         if judged:
-            keep = 0.98
-            self.hits *= keep
-            self.seen *= keep
+            self.hits *= self.bin_decay
+            self.seen *= self.bin_decay
             for i, top in enumerate(judged):
                 b = min(int(top * _BINS), _BINS - 1)
                 self.seen[b] += 1
