@@ -64,10 +64,10 @@ def run_bench(bundle: str, configs: list[Config], prompts: list[str], max_new_to
                                                mode=c.mode, temperature=temperature,
                                                seed=p if temperature else None)
                 runs[c].append((p, res.stats))
-    baseline = max(_tokens_per_s(runs[c]) for c in configs if c.k == 0) \
-        if any(c.k == 0 for c in configs) else None
-    # the bound is relative to k=0 on the same thread placement: so is the efficiency
+    # k=0 per thread placement: the bound's (and so the efficiency's) own baseline; the
+    # speed-up column is against the fastest of them
     own = {c.threads: _tokens_per_s(runs[c]) for c in configs if c.k == 0}
+    baseline = max(own.values()) if own else None
     rows = [_summary(c, runs[c], costs[c.threads], baseline, own.get(c.threads, baseline))
             for c in configs]
     first = gens[placements[0]]

@@ -117,6 +117,11 @@ class FixedK:
 
 
 _BINS = 10                        # tenths of the draft's top probability
+_PRIOR_ROUNDS = 2.0               # α starts at 0.5 with the weight of a few rounds
+
+
+def _tenth(top: float) -> int:
+    return min(int(top * _BINS), _BINS - 1)
 
 
 @dataclass
@@ -132,8 +137,8 @@ class Acceptance:
 
     decay: float = 0.9            # per round, for α
     bin_decay: float = 0.98       # per round, for the confidence tenths (they see fewer tokens)
-    accepted: float = 2.0         # prior: α = 0.5 with the weight of a few rounds
-    rejected: float = 2.0
+    accepted: float = _PRIOR_ROUNDS
+    rejected: float = _PRIOR_ROUNDS
     prior: float = 4.0            # tokens' worth of α each bin starts with
     hits: np.ndarray = field(default_factory=lambda: np.zeros(_BINS))
     seen: np.ndarray = field(default_factory=lambda: np.zeros(_BINS))
@@ -143,15 +148,15 @@ class Acceptance:
         return self.accepted / (self.accepted + self.rejected)
 
     def chance(self, top: float) -> float:
-        b = min(int(top * _BINS), _BINS - 1)
+        b = _tenth(top)
         return float((self.hits[b] + self.prior * self.alpha) / (self.seen[b] + self.prior))
 
     def observe(self, drafted: int, accepted: int, tops: Sequence[float] = ()) -> None:
         """A round drafted `drafted` tokens (their top probabilities `tops`, where known) and
         the target accepted the first `accepted`."""
         if drafted == 0:      # nothing learnt: drift back to the prior so k > 0 is tried again
-            self.accepted = self.decay * self.accepted + (1 - self.decay) * 2.0
-            self.rejected = self.decay * self.rejected + (1 - self.decay) * 2.0
+            self.accepted = self.decay * self.accepted + (1 - self.decay) * _PRIOR_ROUNDS
+            self.rejected = self.decay * self.rejected + (1 - self.decay) * _PRIOR_ROUNDS
             return
         self.accepted = self.decay * self.accepted + accepted
         self.rejected = self.decay * self.rejected + (1 if accepted < drafted else 0)
@@ -160,9 +165,8 @@ class Acceptance:
             self.hits *= self.bin_decay
             self.seen *= self.bin_decay
             for i, top in enumerate(judged):
-                b = min(int(top * _BINS), _BINS - 1)
-                self.seen[b] += 1
-                self.hits[b] += i < accepted
+                self.seen[_tenth(top)] += 1
+                self.hits[_tenth(top)] += i < accepted
 
 
 @dataclass
@@ -183,8 +187,7 @@ class AdaptiveK:
     cost: CostModel
     max_k: int
     learnt: Acceptance = field(default_factory=Acceptance)
-    history: list[int] = field(default_factory=list)
-    _k: int = 0
+    _k: int = 0                   # this round's cap
     _survive: float = 1.0
     _rate: float = 1.0
     _tops: list[float] = field(default_factory=list)
@@ -212,7 +215,6 @@ class AdaptiveK:
         k = self.max_k if best else 0
         self._k, self._survive, self._tops = k, 1.0, []
         self._rate = expected_tokens(alpha, best) / self.cost.round_cost(best)
-        self.history.append(k)
         return k
 
     def keep_drafting(self, drafted: int, logits: np.ndarray) -> bool:

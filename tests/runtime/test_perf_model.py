@@ -43,7 +43,8 @@ def test_best_k_follows_alpha_and_costs():
 def test_adaptive_tracks_alpha():
     sched = AdaptiveK(gpu_like(), max_k=8)
     for _ in range(30):                 # every draft token accepted
-        sched.observe(sched.next_k(), sched.history[-1])
+        k = sched.next_k()
+        sched.observe(k, k)
     assert sched.alpha > 0.9 and sched.next_k() == 8
     for _ in range(60):                 # every first draft token rejected
         sched.observe(sched.next_k(), 0)
