@@ -30,7 +30,11 @@ class TextStream:
     """Growing ids → safe text pieces, stopping at the first stop string.
 
     Text that could still become a stop string, or that ends in half a UTF-8
-    character, is held back until the next push decides it.
+    character, is held back until the next push decides it. Decoding is
+    incremental, as in Hugging Face's and vLLM's detokenizers: each push decodes
+    only the ids since the last complete character (plus those before them, so
+    that a decoder's word-boundary rules see the same context), never the whole
+    output again.
     """
 
     def __init__(self, codec: TextCodec, stops: list[str] | None = None) -> None:
@@ -38,22 +42,35 @@ class TextStream:
         self.ids: list[int] = []
         self.text = ""            # text emitted so far
         self.stopped = False
+        self._decoded = ""        # text of ids[:_read], up to its last complete character
+        self._prefix = 0          # ids[_prefix:_read] were decoded last time, for context
+        self._read = 0
 
     def push(self, ids: list[int]) -> str:
         self.ids.extend(ids)
-        full = self.codec.decode(self.ids)
-        cuts = [i for i in (full.find(s) for s in self.stops) if i >= 0]
+        self._decoded += self._new_text()
+        full = self._decoded
+        start = len(self.text)    # emitted text holds no stop string nor the start of one
+        cuts = [i for i in (full.find(s, start) for s in self.stops) if i >= 0]
         if cuts:
             self.stopped = True
             self._trim_ids(min(cuts))
             return self._emit(full[:min(cuts)])
         hold = max([_overlap(full, s) for s in self.stops] + [0])
-        if full.endswith("\ufffd"):
-            hold = max(hold, 1)
         return self._emit(full[:len(full) - hold])
 
     def flush(self) -> str:
         return "" if self.stopped else self._emit(self.codec.decode(self.ids))
+
+    def _new_text(self) -> str:
+        """Text of the ids since `_read`, or "" while it ends in half a character."""
+        decode = self.codec.decode
+        before = decode(self.ids[self._prefix:self._read])
+        window = decode(self.ids[self._prefix:])
+        if len(window) <= len(before) or window.endswith("\ufffd"):
+            return ""
+        self._prefix, self._read = self._read, len(self.ids)
+        return window[len(before):]
 
     def _emit(self, upto: str) -> str:
         piece = upto[len(self.text):] if upto.startswith(self.text) else ""

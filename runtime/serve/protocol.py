@@ -169,7 +169,7 @@ def sampling(req: CompletionRequest | ChatCompletionRequest, served_name: str,
         raise ApiError(400, f"stop has {len(stop)} strings; at most {MAX_STOPS} are allowed.",
                        "stop")
     return Sampling(max_tokens, float(req.temperature), float(req.top_p), req.top_k, req.seed,
-                    [s for s in stop if s] if stop else None)
+                    stop)                      # empty strings: TextStream ignores them
 
 
 def single_prompt(prompt: str | list[int] | list[str] | list[list[int]]) -> str | list[int]:
