@@ -6,12 +6,15 @@ device backend binds its logits buffer as their input.
 """
 from __future__ import annotations
 
+import functools
+import threading
 from pathlib import Path
 
 import numpy as np
 
 from .acceptance import leading_agreement, random_streams
 from .backends.device import DeviceLogits
+from .backends.select import CUDA_PROVIDER
 from .errors import BackendError, BundleError
 from .sampling import SamplingParams, position_uniform
 
@@ -36,13 +39,16 @@ class HeadSessions:
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
         opts.intra_op_num_threads = 1
-        providers = [("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"] \
+        providers = [(CUDA_PROVIDER, {"device_id": device_id}), "CPUExecutionProvider"] \
             if device == "cuda" else ["CPUExecutionProvider"]
         self.device, self.device_id = device, device_id
         self.sessions = {name: ort.InferenceSession(str(root / heads[name]), opts,
                                                     providers=providers) for name in REQUIRED}
+        # IO bindings per head and per thread (split mode runs the argmax head on the
+        # draft's thread and the main one at once), made at their first device call
+        self._local = threading.local()
         loaded = self.sessions["argmax"].get_providers()
-        if device == "cuda" and "CUDAExecutionProvider" not in loaded:
+        if device == "cuda" and CUDA_PROVIDER not in loaded:
             raise BackendError(f"fused heads: ONNX Runtime did not load its CUDA provider "
                                f"(session providers: {loaded}). ---> HINT: install "
                                f"onnxruntime-gpu in place of onnxruntime, or load the bundle "
@@ -74,13 +80,16 @@ class HeadSessions:
             return session.run(None, {"logits": logits, **feeds})
         if logits.device != self.device:         # e.g. trt logits but heads on the CPU
             return session.run(None, {"logits": logits.numpy(), **feeds})
-        binding = session.io_binding()
+        bindings = self._local.__dict__.setdefault("bindings", {})
+        if name not in bindings:
+            bindings[name] = (session.io_binding(), [o.name for o in session.get_outputs()])
+        binding, outputs = bindings[name]
         binding.bind_input("logits", logits.device, logits.device_id, logits.dtype.type,
                            logits.shape, logits.ptr)                             # (T, V)
         for key, value in feeds.items():
             binding.bind_cpu_input(key, value)
-        for out in session.get_outputs():
-            binding.bind_output(out.name, "cpu")
+        for out in outputs:             # rebound each call: output shapes follow T
+            binding.bind_output(out, "cpu")
         session.run_with_iobinding(binding)
         return binding.copy_outputs_to_cpu()
 
@@ -113,6 +122,7 @@ class FusedSamplingAcceptance:
         return self.heads.accept(target_logits, drafts, draft_probs, uniforms, self.params)
 
 
+@functools.lru_cache(maxsize=16)     # one request's settings, fed on every head call
 def _settings(params: SamplingParams) -> dict[str, np.ndarray]:
     return {"temperature": np.array([params.temperature], np.float32),
             "top_k": np.array([params.top_k], np.int64),
