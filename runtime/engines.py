@@ -79,11 +79,6 @@ def engine_profiles(model: str, max_context: int, max_draft: int,
     return decode, prefill
 
 
-def profiles_from_entry(entry: EngineEntry) -> tuple[Profile, ...]:
-    return tuple(Profile(p["name"], tuple(p["new_len"]), tuple(p["past_len"]))
-                 for p in entry.profiles)
-
-
 def gpu_slug(gpu: GpuInfo) -> str:
     """A folder-safe name for a GPU: "NVIDIA H200", 9.0 -> "nvidia-h200-sm90"."""
     name = re.sub(r"[^a-z0-9]+", "-", gpu.name.lower()).strip("-") or "gpu"

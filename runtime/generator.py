@@ -12,6 +12,7 @@ from typing import Iterator, Literal, Sequence
 
 from .acceptance import make_rule
 from .backends import Threads, open_backend
+from .backends.select import CUDA_PROVIDER
 from .drafting import SequentialDrafter, SplitDrafter
 from .errors import ConfigError
 from .heads import HeadSessions
@@ -163,4 +164,4 @@ def _head_device(backend: str) -> str:
         return "cpu"
     import onnxruntime as ort
 
-    return "cuda" if "CUDAExecutionProvider" in ort.get_available_providers() else "cpu"
+    return "cuda" if CUDA_PROVIDER in ort.get_available_providers() else "cpu"

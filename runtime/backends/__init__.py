@@ -38,13 +38,6 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
-def open_sessions(root: Path, manifest: Manifest, backend: str = "auto",
-                  threads: Threads = None) -> tuple[ModelSession, ModelSession]:
-    """Open the target and draft sessions on the chosen backend."""
-    opened = open_backend(root, manifest, backend, threads)
-    return opened.target, opened.draft
-
-
 def open_backend(root: Path, manifest: Manifest, backend: str = "auto",
                  threads: Threads = None) -> Opened:
     """Open both sessions on the first backend of the plan that opens; say why it won."""

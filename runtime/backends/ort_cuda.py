@@ -14,10 +14,9 @@ from ..errors import BackendError
 from ..manifest import ModelEntry
 from .device import DeviceLogits
 from .ort import _DTYPES, OrtCpuSession, session_options
+from .select import CUDA_PROVIDER, ORT_GPU_HINT
 
-CUDA_PROVIDER = "CUDAExecutionProvider"
-INSTALL_HINT = ("---> HINT: pip uninstall -y onnxruntime && pip install onnxruntime-gpu "
-                "(one of the two, never both), with an NVIDIA driver that nvidia-smi shows.")
+INSTALL_HINT = f"---> HINT: {ORT_GPU_HINT}, with an NVIDIA driver that nvidia-smi shows."
 
 
 class OrtCudaSession(OrtCpuSession):
@@ -37,8 +36,7 @@ class OrtCudaSession(OrtCpuSession):
         import onnxruntime as ort
 
         if self.device == "cpu":
-            return ort.InferenceSession(str(path), session_options(threads),
-                                        providers=["CPUExecutionProvider"])
+            return super()._open(path, threads)
         if CUDA_PROVIDER not in ort.get_available_providers():
             raise BackendError(f"backend 'cuda': this onnxruntime ({ort.__version__}) has no "
                                f"{CUDA_PROVIDER}; found {ort.get_available_providers()}. "
@@ -72,9 +70,8 @@ class OrtCudaSession(OrtCpuSession):
         return self.logits.data_ptr()
 
     def _logits_view(self, n: int) -> DeviceLogits:
-        return DeviceLogits(self._logits_ptr(), n, self.entry.vocab_size,
-                            _DTYPES[self.entry.logits_dtype], self.device, self._rows_to_host,
-                            self.device_id)
+        return DeviceLogits(self._logits_addr, n, self.entry.vocab_size, self.logits_dtype,
+                            self.device, self._rows_to_host, self.device_id)
 
     def _rows_to_host(self, first: int, count: int) -> np.ndarray:
         # the last bound output is the logits OrtValue of this call's shape (1, n, V): copying
