@@ -18,8 +18,9 @@ class LoadedModel:
     architecture: str
 
 
-def check_architecture(source: str, role: str) -> tuple[Any, str]:
-    """Read only the config; fail fast on a missing folder or an unsupported class."""
+def check_architecture(source: str, role: str) -> None:
+    """Read only the config; fail fast on a missing folder or an unsupported class (before
+    `load_model`, which relies on it)."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -38,18 +39,15 @@ def check_architecture(source: str, role: str) -> tuple[Any, str]:
         raise ConfigError(f"{role} model {source!r} is {', '.join(names) or config.model_type}, "
                           f"not a causal language model. ssd-export needs a *ForCausalLM model; "
                           f"supported: {', '.join(supported_architectures())}.")
-    arch = next((n for n in names if n in REGISTRY), None)
-    if arch is None:
+    if not any(n in REGISTRY for n in names):
         raise ConfigError(f"{role} model {source!r}: architecture {', '.join(names)} is not "
                           f"supported. Supported: {', '.join(supported_architectures())}.")
-    return config, arch
 
 
 def load_model(source: str, role: str, dtype: str) -> LoadedModel:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    _, arch = check_architecture(source, role)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=getattr(torch, dtype), attn_implementation="eager")
@@ -64,7 +62,7 @@ def load_model(source: str, role: str, dtype: str) -> LoadedModel:
         raise ConfigError(f"{role} tokenizer of {source!r} is not a fast tokenizer (no "
                           f"tokenizer.json); the runtime needs one. ---> HINT: save it with "
                           f"AutoTokenizer.from_pretrained(..., use_fast=True).save_pretrained().")
-    return LoadedModel(role, source, model.eval(), tokenizer, type(model).__name__ or arch)
+    return LoadedModel(role, source, model.eval(), tokenizer, type(model).__name__)
 
 
 def _check_exists(source: str, role: str) -> None:
