@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ssd_runtime.engines import PRECISIONS
 from ssd_runtime.errors import cli_main
 
 from .config import ExportConfig
@@ -32,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engines", choices=("auto", "trt", "none"), default="auto",
                    help="TensorRT engines: auto (default) builds them when TensorRT and a GPU are "
                         "here and says so when it skips; trt requires them; none skips")
-    p.add_argument("--engine-precision", choices=("fp16", "bf16", "fp32"), default="fp16",
+    p.add_argument("--engine-precision", choices=PRECISIONS, default="fp16",
                    help="precision TensorRT may use inside the engines (default fp16)")
     p.add_argument("--force", action="store_true", help="replace an existing --output")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -72,7 +73,7 @@ def build_engines_parser() -> argparse.ArgumentParser:
         description="Build TensorRT engines for this machine's GPU into an existing bundle "
                     "(engines are specific to the GPU and the TensorRT version).")
     p.add_argument("bundle", type=Path, help="bundle folder written by ssd-export")
-    p.add_argument("--precision", choices=("fp16", "bf16", "fp32"), default="fp16",
+    p.add_argument("--precision", choices=PRECISIONS, default="fp16",
                    help="precision TensorRT may use inside the engines (default fp16)")
     p.add_argument("--version-compatible", action="store_true",
                    help="build engines that later TensorRT 10.x runtimes (and the lean runtime) "

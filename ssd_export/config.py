@@ -5,9 +5,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from ssd_runtime.engines import Precision
+
 DType = Literal["float32", "float16"]
 Engines = Literal["trt", "none", "auto"]       # auto: build when TensorRT and a GPU are here
-Precision = Literal["fp16", "bf16", "fp32"]
 DEFAULT_MAX_CONTEXT = 2048
 
 

@@ -21,7 +21,8 @@ from ssd_runtime.errors import ConfigError
 from ssd_runtime.manifest import (MANIFEST_NAME, EngineEntry, Manifest, ModelEntry,
                                   manifest_json, read_manifest, sha256_file)
 
-EngineMode = Literal["trt", "none", "auto"]
+from .config import Engines
+
 MODELS = ("target", "draft")
 TIMING_CACHE = "timing.cache"
 TRT_HINT = ("---> HINT: on a machine with an NVIDIA GPU, pip install 'ssd-toolkit[trt]' (or use "
@@ -37,7 +38,7 @@ def require_tensorrt(what: str, hint: str = TRT_HINT) -> tuple[str, GpuInfo]:
     return version, gpu
 
 
-def decide_engines(mode: EngineMode, tensorrt_problem: str, blocking: list,
+def decide_engines(mode: Engines, tensorrt_problem: str, blocking: list,
                    output: Path) -> tuple[Literal["build", "skip"], str]:
     """Build, or skip saying why; raise for --engines trt when building cannot work.
     `tensorrt_problem` is "" when TensorRT and a GPU are here; `blocking` holds the
@@ -59,7 +60,7 @@ def decide_engines(mode: EngineMode, tensorrt_problem: str, blocking: list,
     return "build", ""
 
 
-def export_engines(root: Path, manifest: Manifest, mode: EngineMode, precision: str, log,
+def export_engines(root: Path, manifest: Manifest, mode: Engines, precision: str, log,
                    output: Path) -> list[EngineEntry]:
     """The exporter's engines stage: lint the graphs, then build, skip or refuse.
     `root` is the staging folder that becomes `output`."""
@@ -176,10 +177,12 @@ def record_engines(root: Path, entries: list[EngineEntry]) -> Manifest:
         return any(path.startswith(folder) for folder in folders)
 
     files = {path: digest for path, digest in manifest.files.items() if not stale(path)}
+    known = {e.path: e.sha256 for e in entries}          # plans, hashed when they were built
     for folder in sorted(folders):
         for file in sorted((root / folder).rglob("*")):
             if file.is_file():
-                files[file.relative_to(root).as_posix()] = sha256_file(file)
+                rel = file.relative_to(root).as_posix()
+                files[rel] = known.get(rel) or sha256_file(file)
     engines = [e for e in manifest.engines if not stale(e.path)] + list(entries)
     updated = replace(manifest, engines=engines, files=dict(sorted(files.items())))
     tmp = root / f".{MANIFEST_NAME}.tmp-{os.getpid()}"
