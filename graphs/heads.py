@@ -152,7 +152,8 @@ def write_heads(folder: Path) -> dict[str, str]:
     """Write every head into `folder`; returns {head name: file name}."""
     folder.mkdir(parents=True, exist_ok=True)
     files = {}
-    for name, build in (("argmax", argmax_head), ("sample", sample_head), ("accept", accept_head)):
-        onnx.save(build(), str(folder / f"{name}.onnx"))
+    builders = {"argmax": argmax_head, "sample": sample_head, "accept": accept_head}
+    for name in HEADS:
+        onnx.save(builders[name](), str(folder / f"{name}.onnx"))
         files[name] = f"{name}.onnx"
     return files

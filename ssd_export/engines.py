@@ -67,14 +67,12 @@ def export_engines(root: Path, manifest: Manifest, mode: Engines, precision: str
     with log.stage("TensorRT lint of the graphs"):
         blocking = lint_bundle(root, manifest, log.print)
     version, gpu, problem = probe_tensorrt() if mode != "none" else (None, None, "")
-    if mode != "none" and not problem and (version is None or gpu is None):
-        problem = "TensorRT or the GPU is missing"
     action, message = decide_engines(mode, problem, blocking, output)
     if action == "skip":
         log.print(f"    {message}")
         return []
     with log.stage(f"build TensorRT {version} engines for {gpu.name} ({precision})"):
-        return build_engines(root, manifest, precision, False, False, log.print)
+        return build_engines(root, manifest, (version, gpu), precision, False, False, log.print)
 
 
 def lint_bundle(root: Path, manifest: Manifest, say=print) -> list:
@@ -100,14 +98,14 @@ def lint_bundle(root: Path, manifest: Manifest, say=print) -> list:
     return blocking
 
 
-def build_engines(root: Path, manifest: Manifest, precision: str, version_compatible: bool,
-                  force: bool, say=print) -> list[EngineEntry]:
+def build_engines(root: Path, manifest: Manifest, found: tuple[str, GpuInfo], precision: str,
+                  version_compatible: bool, force: bool, say=print) -> list[EngineEntry]:
     """Build target and draft plans into engines/<gpu-slug>-trt<version>/ of `root`.
 
     The plans are written to a temporary folder that is renamed into place, so an
     interrupted build never leaves half an engine set behind.
     """
-    version, gpu = require_tensorrt("building engines")
+    version, gpu = found                     # TensorRT's version and GPU 0, as probed
     import tensorrt as trt
 
     folder = engine_folder(gpu, version)
@@ -156,14 +154,14 @@ def add_engines(root: Path, precision: str, version_compatible: bool, force: boo
                 say=print) -> Manifest:
     """ssd-build-engines: verify the bundle, lint, build, and rewrite its manifest."""
     manifest = read_manifest(root, verify=True)
-    require_tensorrt("ssd-build-engines", "---> HINT: run it on the machine with the NVIDIA GPU, "
-                     "with TensorRT installed (pip install 'ssd-toolkit[trt]', or JetPack's "
-                     "TensorRT and pip install cuda-python on Jetson).")
+    found = require_tensorrt("ssd-build-engines", "---> HINT: run it on the machine with the "
+                             "NVIDIA GPU, with TensorRT installed (pip install 'ssd-toolkit[trt]',"
+                             " or JetPack's TensorRT and pip install cuda-python on Jetson).")
     blocking = lint_bundle(root, manifest, say)
     if blocking:
         raise ConfigError(f"{blocking[0]}, which TensorRT 10 does not take ({len(blocking)} such "
                           f"node(s)). ---> HINT: use --backend cuda or cpu for this bundle.")
-    entries = build_engines(root, manifest, precision, version_compatible, force, say)
+    entries = build_engines(root, manifest, found, precision, version_compatible, force, say)
     return record_engines(root, entries)
 
 
