@@ -84,6 +84,9 @@ class TrtSession:
         self.name, self.entry, self.record, self.device_id = name, entry, record, device_id
         self.max_context, self.max_new_len = max_context, max_new_len
         self.cudart = cuda_runtime()
+        kinds = self.cudart.cudaMemcpyKind
+        self._kinds = {"H2D": kinds.cudaMemcpyHostToDevice, "D2H": kinds.cudaMemcpyDeviceToHost,
+                       "D2D": kinds.cudaMemcpyDeviceToDevice}
         self._buffers: list[_Buffer] = []
         self.contexts: list = []
         self._cuda(self.cudart.cudaSetDevice(device_id), "cudaSetDevice")
@@ -93,6 +96,10 @@ class TrtSession:
         self.stream = self._cuda(self.cudart.cudaStreamCreate(), "cudaStreamCreate")
         self.contexts = [self._context(i) for i in (DECODE, PREFILL)]
         self._shapes: list[dict[str, tuple]] = [{}, {}]      # last input shapes per context
+        # graph names per layer and the refusal context, formatted once, not on every call
+        self.layer_names = [(contract.past_key(i), contract.past_value(i), contract.new_key(i),
+                             contract.new_value(i)) for i in range(entry.num_layers)]
+        self._where = f"{self.name} engine {self.record.path}"
         self._addresses: list[dict[str, int]] = [{}, {}]
         self._allocate()
 
@@ -135,7 +142,7 @@ class TrtSession:
         if past_len + n > self.max_context:
             raise BackendError(f"{self.name}: positions up to {past_len + n} exceed the bundle's "
                                f"max_context {self.max_context}.")
-        self.profiles[index].check(n, past_len, f"{self.name} engine {self.record.path}")
+        self.profiles[index].check(n, past_len, self._where)
         if self.device_id:
             self._cuda(self.cudart.cudaSetDevice(self.device_id), "cudaSetDevice")
         self.ids_host[0, :n] = token_ids
@@ -148,15 +155,14 @@ class TrtSession:
         addresses = {contract.INPUT_IDS: self.ids.ptr, contract.POSITION_IDS: self.positions.ptr,
                      contract.LOGITS: logits_ptr}
         offset = past_len * self.row_bytes
-        for i in range(e.num_layers):
+        past_shape = (1, past_len, e.num_kv_heads, e.head_dim)                 # (B, P, Hkv, D)
+        for i, (past_k, past_v, new_k, new_v) in enumerate(self.layer_names):
             k, v = self.keys[i].ptr, self.values[i].ptr
-            shapes[contract.past_key(i)] = shapes[contract.past_value(i)] = \
-                (1, past_len, e.num_kv_heads, e.head_dim)                     # (B, P, Hkv, D)
+            shapes[past_k] = shapes[past_v] = past_shape
             # past = rows [0, past_len) of the arena; new rows at [past_len, past_len + n)
-            addresses[contract.past_key(i)], addresses[contract.past_value(i)] = k, v
-            addresses[contract.new_key(i)] = k + offset if self.in_place else self.new_keys[i].ptr
-            addresses[contract.new_value(i)] = \
-                v + offset if self.in_place else self.new_values[i].ptr
+            addresses[past_k], addresses[past_v] = k, v
+            addresses[new_k] = k + offset if self.in_place else self.new_keys[i].ptr
+            addresses[new_v] = v + offset if self.in_place else self.new_values[i].ptr
         context = self.contexts[index]
         self._set_shapes(index, context, shapes)
         self._set_addresses(index, context, addresses)
@@ -294,14 +300,11 @@ class TrtSession:
         return buf
 
     def _copy(self, dst: int, src: int, nbytes: int, kind: str) -> None:
-        kinds = self.cudart.cudaMemcpyKind
-        direction = {"H2D": kinds.cudaMemcpyHostToDevice, "D2H": kinds.cudaMemcpyDeviceToHost,
-                     "D2D": kinds.cudaMemcpyDeviceToDevice}[kind]
-        self._cuda(self.cudart.cudaMemcpyAsync(dst, src, nbytes, direction, self.stream),
-                   f"cudaMemcpyAsync {kind} of {nbytes} bytes")
+        result = self.cudart.cudaMemcpyAsync(dst, src, nbytes, self._kinds[kind], self.stream)
+        _call(self.cudart, result, lambda: f"{self.name}: cudaMemcpyAsync {kind} of {nbytes} bytes")
 
     def _cuda(self, result, what: str):
-        return _call(self.cudart, result, f"{self.name}: {what}")
+        return _call(self.cudart, result, lambda: f"{self.name}: {what}")
 
 
 class _Buffer:
@@ -318,11 +321,12 @@ class _Buffer:
             self.ptr = 0
 
 
-def _call(cudart, result, what: str):
-    """cuda-python returns (error, *values): raise on anything but cudaSuccess."""
+def _call(cudart, result, what):
+    """cuda-python returns (error, *values): raise on anything but cudaSuccess. `what` names
+    the call: a string, or a function giving it (formatted only on failure, off the hot path)."""
     err, *values = result if isinstance(result, tuple) else (result,)
     if err != cudart.cudaError_t.cudaSuccess:
         _, name = cudart.cudaGetErrorName(err)
         name = name.decode() if isinstance(name, bytes) else str(name)
-        raise BackendError(f"CUDA {what} failed: {name}.")
+        raise BackendError(f"CUDA {what() if callable(what) else what} failed: {name}.")
     return values[0] if len(values) == 1 else tuple(values)

@@ -205,3 +205,23 @@ def test_generation_on_the_device_path_equals_the_cpu_backend(bundle_factory, sm
             expected = host_heads.generate(prompt, **setting).token_ids
             assert device.generate(prompt, **setting).token_ids == expected
             assert device.generate(prompt, mode="split", **setting).token_ids == expected
+
+
+def test_cuda_errors_name_the_call_and_are_formatted_only_on_failure():
+    """`_call` (every cuda-python call of the trt backend) on cuda-python's return shapes."""
+    from types import SimpleNamespace
+
+    from ssd_runtime.backends.trt import _call
+
+    ok, bad = "cudaSuccess", "cudaErrorInvalidValue"
+    cudart = SimpleNamespace(cudaError_t=SimpleNamespace(cudaSuccess=ok),
+                             cudaGetErrorName=lambda err: (ok, err.encode()))
+
+    def never() -> str:
+        raise AssertionError("formatted on success")
+    assert _call(cudart, (ok, 7), never) == 7 and _call(cudart, (ok, 1, 2), never) == (1, 2)
+    with pytest.raises(BackendError, match=r"CUDA target: cudaMemcpyAsync H2D of 8 bytes failed: "
+                                           r"cudaErrorInvalidValue\."):
+        _call(cudart, (bad,), lambda: "target: cudaMemcpyAsync H2D of 8 bytes")
+    with pytest.raises(BackendError, match="CUDA cudaSetDevice failed"):
+        _call(cudart, bad, "cudaSetDevice")
