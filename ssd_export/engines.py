@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import asdict, replace
 from pathlib import Path
 from time import perf_counter, strftime
@@ -21,6 +20,7 @@ from ssd_runtime.errors import ConfigError
 from ssd_runtime.manifest import (MANIFEST_NAME, EngineEntry, Manifest, ModelEntry,
                                   manifest_json, read_manifest, sha256_file)
 
+from .bundle import staging
 from .config import Engines
 
 MODELS = ("target", "draft")
@@ -113,10 +113,7 @@ def build_engines(root: Path, manifest: Manifest, found: tuple[str, GpuInfo], pr
     if final.exists() and not force:
         raise ConfigError(f"{final} already exists (engines for {gpu.name} and TensorRT "
                           f"{version}). ---> HINT: pass --force to rebuild them.")
-    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with staging(final, force=True) as tmp:   # renamed into place only when complete
         old_cache = final / TIMING_CACHE
         cache = old_cache.read_bytes() if old_cache.is_file() else b""
         entries, seconds = [], {}
@@ -142,11 +139,6 @@ def build_engines(root: Path, manifest: Manifest, found: tuple[str, GpuInfo], pr
                  "built": strftime("%Y-%m-%dT%H:%M:%S%z"), "seconds": seconds,
                  "engines": [asdict(e) for e in entries]}
         (tmp / "build.json").write_text(json.dumps(build, indent=2) + "\n")
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return entries
 
 
