@@ -41,8 +41,8 @@ def causal_mask(query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | No
 
 def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torch.Tensor,
               rope: Rope | None, cos_sin: tuple[torch.Tensor, ...] | None,
-              past_k: torch.Tensor, past_v: torch.Tensor, bias: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              past_k: torch.Tensor, past_v: torch.Tensor, bias: torch.Tensor | None,
+              ort: OrtAttention | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """h (B, T, E) -> (output (B, T, E), new keys, new values (B, T, Hkv, D)).
 
     `bias` is the mask (plus ALiBi) broadcastable to the scores (B, Hkv, G, T, S).
@@ -53,13 +53,25 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
     """
     B, T, _ = h.shape
     Hkv, G, D = heads.num_kv_heads, heads.groups, heads.head_dim
+    if ort is not None and ort.do_rotary and ort.packed is not None:
+        # one projection into [q | k | v], which the kernel reads packed and rotates itself
+        return _ort_attention(attn, a, heads, scaling, h, ort.packed(h), None, None, past_k,
+                              past_v, ort)
+    if ort is not None and ort.do_rotary and (a.qkv is None or a.qkv_layout == "split"):
+        # the kernel does RoPE and reads (B, T, n·D) as projected: no reshapes around it
+        q, k, v = ((getattr(attn, a.q)(h), getattr(attn, a.k)(h), getattr(attn, a.v)(h))
+                   if a.qkv is None else getattr(attn, a.qkv)(h).split(
+                       (heads.num_heads * D, Hkv * D, Hkv * D), dim=-1))
+        return _ort_attention(attn, a, heads, scaling, h, q, k, v, past_k, past_v, ort)
     q, k, v = _project(attn, a, heads, h)                           # (B, T, H|Hkv, D)
     if a.q_norm is not None:
         q = getattr(attn, a.q_norm)(q)
         k = getattr(attn, a.k_norm)(k)
-    if rope is not None:
+    if rope is not None and cos_sin is not None:
         q = rope.apply(q, *cos_sin)
         k = rope.apply(k, *cos_sin)
+    if ort is not None:                                             # the `ort` flavour
+        return _ort_attention(attn, a, heads, scaling, h, q, k, v, past_k, past_v, ort)
     keys = torch.cat((past_k, k), dim=1)                            # (B, S, Hkv, D)
     values = torch.cat((past_v, v), dim=1)
     qg = q.view(B, T, Hkv, G, D).permute(0, 2, 3, 1, 4)             # (B, Hkv, G, T, D)
@@ -72,6 +84,34 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
     out = torch.matmul(probs, vs)                                   # (B, Hkv, G, T, D)
     out = out.permute(0, 3, 1, 2, 4).reshape(B, T, Hkv * G * D)
     return getattr(attn, a.o)(out), k, v
+
+
+@dataclass(frozen=True)
+class OrtAttention:
+    """What the `ort` flavour's GroupQueryAttention node needs besides q, k, v and the caches."""
+    seqlens_k: torch.Tensor          # (B,) int32: total length - 1
+    total_len: torch.Tensor          # () int32: the longest total length in the batch
+    position_ids: torch.Tensor       # (B, T)
+    cos_cache: torch.Tensor          # (max_context, D/2) when the kernel rotates, else (1, 1)
+    sin_cache: torch.Tensor
+    do_rotary: bool
+    window: int                      # 0: none
+    packed: nn.Module | None = None  # q, k and v as one projection ([q | k | v]), if built
+
+
+def _ort_attention(attn, a: Adapter, heads: Heads, scaling: float, h, q, k, v, cache_k, cache_v,
+                   o: OrtAttention):
+    """q, k, v (B, T, n, D) -> one GroupQueryAttention that updates the caches in place."""
+    from .ort_ops import gqa
+
+    B, T, _ = h.shape
+    out, cache_k, cache_v = gqa(
+        *(x if x is None or x.dim() == 3 else x.reshape(B, T, -1) for x in (q, k, v)),
+        cache_k, cache_v,
+        o.seqlens_k, o.total_len, o.cos_cache, o.sin_cache, o.position_ids,
+        heads.num_heads, heads.num_kv_heads, scaling, float(a.attn_softcap or 0.0), o.window,
+        int(o.do_rotary))
+    return getattr(attn, a.o)(out), cache_k, cache_v
 
 
 def _project(attn: nn.Module, a: Adapter, heads: Heads, h: torch.Tensor):

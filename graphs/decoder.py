@@ -3,6 +3,10 @@
     inputs   input_ids (B,T), position_ids (B,T), past_key.i / past_value.i (B,P,Hkv,D)
     outputs  logits (B,T,V), new_key.i / new_value.i (B,T,Hkv,D)
 
+In the "ort" flavour (contract.py) the caches are whole head-major buffers
+(B,Hkv,max_context,D) in and `present_key.i` / `present_value.i` out, updated in place by
+ONNX Runtime's GroupQueryAttention (ort_ops.py).
+
 It reuses the Hugging Face modules for embeddings, norms, MLPs and the LM head, and
 does positions (attention.py, positions.py) and attention itself. The adapter says
 where the modules are and how a layer connects them.
@@ -10,16 +14,19 @@ where the modules are and how a layer connects them.
 from __future__ import annotations
 
 import torch
+from ssd_runtime.errors import ConfigError
 from torch import nn
 
 from .adapters import Adapter, get_path, sliding_windows
-from .attention import Heads, attention, causal_mask
+from .attention import Heads, OrtAttention, attention, causal_mask
 from .positions import Rope, alibi_bias, alibi_slopes
 
 
 class Decoder(nn.Module):
-    def __init__(self, model: nn.Module, adapter: Adapter) -> None:
+    def __init__(self, model: nn.Module, adapter: Adapter, flavour: str = "standard",
+                 max_context: int = 0) -> None:
         super().__init__()
+        self.flavour = flavour
         config = model.config
         a = self.adapter = adapter
         self.embed = get_path(model, a.embed)
@@ -36,6 +43,8 @@ class Decoder(nn.Module):
         self.heads = Heads(num_heads, num_kv_heads, int(getattr(attn[0], a.head_dim)))
         self.scalings = [float(getattr(m, a.scaling)) for m in attn]   # GPT-2 may scale per layer
         self.windows = sliding_windows(config)
+        if flavour == "ort":
+            self._init_ort(max_context)
         if a.positions == "alibi":
             slopes = alibi_slopes(num_heads).view(num_kv_heads, self.heads.groups)  # (Hkv, G)
             self.register_buffer("alibi_slopes", slopes, persistent=False)
@@ -57,6 +66,8 @@ class Decoder(nn.Module):
             x = self.project_in(x)                                  # (B, T, H)
         if self.pos_embed is not None:                              # learned absolute positions
             x = x + nn.functional.embedding(position_ids + a.pos_offset, self.pos_embed.weight)
+        if self.flavour == "ort":
+            return self._forward_ort(x, position_ids, past)
         cos_sin = self.rope.tables(position_ids, x.dtype) if self.rope is not None else None
         past_len = past[0].shape[1]
         key_pos = torch.arange(past_len + input_ids.shape[1], device=input_ids.device)  # (S,)
@@ -70,6 +81,10 @@ class Decoder(nn.Module):
             x, new_k, new_v = self._layer(layer, x, cos_sin, past[2 * i], past[2 * i + 1],
                                           self.scalings[i], bias)
             outputs += [new_k, new_v]
+        return (self._head(x), *outputs)
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.adapter
         if self.final_norm is not None:
             x = self.final_norm(x)
         if self.project_out is not None:
@@ -77,10 +92,54 @@ class Decoder(nn.Module):
         logits = self.lm_head(x).float()                            # (B, T, V)
         if a.logit_softcap is not None:
             logits = torch.tanh(logits / a.logit_softcap) * a.logit_softcap
-        return (logits, *outputs)
+        return logits
+
+    def _init_ort(self, max_context: int) -> None:
+        """The `ort` flavour: GroupQueryAttention over head-major caches updated in place.
+
+        The kernel rotates q and k itself (from cos/sin tables of every position up to
+        max_context) when the rotation is plain rotate-half over the whole head and nothing
+        sits between the projection and RoPE; otherwise RoPE stays in the graph.
+        """
+        a = self.adapter
+        if a.positions == "alibi":
+            raise ConfigError("the ort graph flavour has no ALiBi (ONNX Runtime's "
+                              "GroupQueryAttention takes no per-head slopes); export with "
+                              "--graph standard.")
+        self.ort_rotary = (self.rope is not None and a.q_norm is None
+                           and self.rope.rotary_dim == self.heads.head_dim)
+        if self.ort_rotary:
+            freqs = torch.arange(max_context, dtype=torch.float32)[:, None] * self.rope.inv_freq
+            self.register_buffer("cos_cache", freqs.cos() * self.rope.scale, persistent=False)
+            self.register_buffer("sin_cache", freqs.sin() * self.rope.scale, persistent=False)
+        else:
+            self.register_buffer("cos_cache", torch.zeros(1, 1), persistent=False)
+            self.register_buffer("sin_cache", torch.zeros(1, 1), persistent=False)
+        # separate q, k, v Linears become one packed projection (three MatMuls -> one)
+        self.packed = nn.ModuleList(_packed_qkv(getattr(layer, a.attn), a) if self.ort_rotary
+                                    else nn.Identity() for layer in self.layers)
+
+    def _forward_ort(self, x: torch.Tensor, position_ids: torch.Tensor, caches) -> tuple:
+        last = position_ids[:, -1]
+        seqlens_k = last.to(torch.int32)
+        total_len = (last.max() + 1).to(torch.int32)
+        cos_sin = None
+        if self.rope is not None and not self.ort_rotary:
+            cos_sin = self.rope.tables(position_ids, x.dtype)
+        outputs: list[torch.Tensor] = []
+        for i, layer in enumerate(self.layers):
+            packed = self.packed[i]
+            o = OrtAttention(seqlens_k, total_len, position_ids, self.cos_cache.to(x.dtype),
+                             self.sin_cache.to(x.dtype), self.ort_rotary, self.windows[i] or 0,
+                             None if isinstance(packed, nn.Identity) else packed)
+            x, cache_k, cache_v = self._layer(layer, x, cos_sin, caches[2 * i], caches[2 * i + 1],
+                                              self.scalings[i], None, o)
+            outputs += [cache_k, cache_v]
+        return (self._head(x), *outputs)
 
     def _layer(self, layer: nn.Module, x: torch.Tensor, cos_sin, past_k: torch.Tensor,
-               past_v: torch.Tensor, scaling: float, bias: torch.Tensor):
+               past_v: torch.Tensor, scaling: float, bias: torch.Tensor | None,
+               ort: OrtAttention | None = None):
         """One block: pre- or post-norm, sequential or parallel residual.
 
             sequential pre:  x += attn(norm(x));  x += mlp(mlp_norm(x))
@@ -93,7 +152,7 @@ class Decoder(nn.Module):
         mlp_norm = getattr(layer, a.mlp_norm) if a.mlp_norm is not None else None
         h = x if post else norm(x)
         attn_out, new_k, new_v = attention(getattr(layer, a.attn), a, self.heads, scaling, h,
-                                           self.rope, cos_sin, past_k, past_v, bias)
+                                           self.rope, cos_sin, past_k, past_v, bias, ort)
         if a.attn_out_norm is not None:
             attn_out = getattr(layer, a.attn_out_norm)(attn_out)
         if a.residual == "parallel":
@@ -110,3 +169,23 @@ class Decoder(nn.Module):
         if self.adapter.mlp_out_norm is not None:
             h = getattr(layer, self.adapter.mlp_out_norm)(h)
         return h
+
+
+def _packed_qkv(attn: nn.Module, a: Adapter) -> nn.Module:
+    """One Linear computing [q | k | v] from separate q, k, v Linears; Identity if they are
+    not all plain Linears (GPT-2's Conv1D, fused layouts)."""
+    if a.qkv is not None:
+        return nn.Identity()
+    parts = [getattr(attn, name) for name in (a.q, a.k, a.v)]
+    if not all(type(p) is nn.Linear for p in parts):
+        return nn.Identity()
+    weight = torch.cat([p.weight for p in parts])
+    packed = nn.Linear(weight.shape[1], weight.shape[0], bias=any(p.bias is not None for p in parts),
+                       dtype=weight.dtype, device=weight.device)
+    with torch.no_grad():
+        packed.weight.copy_(weight)
+        if packed.bias is not None:
+            packed.bias.copy_(torch.cat([p.bias if p.bias is not None else
+                                         torch.zeros(p.out_features, dtype=weight.dtype)
+                                         for p in parts]))
+    return packed.eval()

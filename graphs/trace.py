@@ -1,7 +1,8 @@
 """Trace a Hugging Face causal LM to ONNX with the graph contract.
 
 `export_decoder` wraps the model in `Decoder` and calls
-`torch.onnx.export(dynamo=True)` with dynamic batch, new_len and past_len.
+`torch.onnx.export(dynamo=True)` with dynamic batch, new_len and past_len (or, for the
+"ort" flavour, cache rows), in either graph flavour of contract.py.
 """
 from __future__ import annotations
 
@@ -29,11 +30,13 @@ class TracedModel:
     vocab_size: int
     kv_dtype: str
     parameters: int
+    graph: str = contract.STANDARD
 
 
-def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context: int) -> TracedModel:
-    """Write `path` (model.onnx plus external data) for `model`."""
-    decoder = Decoder(model, adapter_for(model, source)).eval()
+def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context: int,
+                   graph: str = contract.STANDARD) -> TracedModel:
+    """Write `path` (model.onnx plus external data) for `model` in that graph flavour."""
+    decoder = Decoder(model, adapter_for(model, source), graph, max_context).eval()
     check_rope_context(model, source, max_context)
     n_layers = len(decoder.layers)
     dtype = next(model.parameters()).dtype
@@ -41,20 +44,28 @@ def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context:
     batch, new_len, past_len = 2, 3, 5
     ids = torch.zeros((batch, new_len), dtype=torch.int64)
     pos = torch.arange(past_len, past_len + new_len).repeat(batch, 1)
-    kv_shape = (batch, past_len, decoder.num_kv_heads, decoder.head_dim)
-    past = tuple(torch.zeros(kv_shape, dtype=dtype) for _ in range(2 * n_layers))
     B = torch.export.Dim("batch", min=1, max=64)
     T = torch.export.Dim("new_len", min=1, max=max_context)
-    P = torch.export.Dim("past_len", min=0, max=max_context)
-    shapes = ({0: B, 1: T}, {0: B, 1: T}, tuple({0: B, 1: P} for _ in past))
+    if graph == contract.ORT:           # whole head-major caches (B, Hkv, rows, D), rows >= total
+        from .ort_ops import translation_table
+
+        kv_shape = (batch, decoder.num_kv_heads, past_len + new_len + 2, decoder.head_dim)
+        kv_dims = {0: B, 2: torch.export.Dim("cache_rows", min=2, max=max_context)}
+        extra = {"custom_translation_table": translation_table()}
+    else:                               # the past only (B, P, Hkv, D)
+        kv_shape = (batch, past_len, decoder.num_kv_heads, decoder.head_dim)
+        kv_dims = {0: B, 1: torch.export.Dim("past_len", min=0, max=max_context)}
+        extra = {}
+    past = tuple(torch.zeros(kv_shape, dtype=dtype) for _ in range(2 * n_layers))
+    shapes = ({0: B, 1: T}, {0: B, 1: T}, tuple(kv_dims for _ in past))
     path.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             decoder, (ids, pos, *past), dynamo=True, opset_version=OPSET,
             input_names=contract.input_names(n_layers),
-            output_names=contract.output_names(n_layers),
-            dynamic_shapes=shapes, verbose=False,
+            output_names=contract.output_names(n_layers, graph),
+            dynamic_shapes=shapes, verbose=False, **extra,
         )
         program.save(str(path), external_data=True)
     rewrite_rsqrt_as_div(path)
@@ -62,7 +73,7 @@ def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context:
         path=path, num_layers=n_layers, num_kv_heads=decoder.num_kv_heads,
         head_dim=decoder.head_dim, vocab_size=model.config.vocab_size,
         kv_dtype=str(dtype).removeprefix("torch."),
-        parameters=sum(p.numel() for p in model.parameters()),
+        parameters=sum(p.numel() for p in model.parameters()), graph=graph,
     )
 
 

@@ -1,0 +1,132 @@
+"""ONNX Runtime's GroupQueryAttention as a traceable op, for the `ort` graph flavour.
+
+`gqa(...)` is a PyTorch custom op with a reference implementation in plain torch (so the
+wrapper still runs eagerly) that the ONNX exporter writes as one
+`com.microsoft::GroupQueryAttention` node. In that flavour each layer's cache is one
+head-major buffer `(B, Hkv, max_context, D)` that the op reads and writes in place
+(`past_key` and `present_key` bound to the same memory): the kernel writes the new rows at
+the past length it reads from `seqlens_k`, and no past key or value is copied per step.
+"""
+from __future__ import annotations
+
+import torch
+
+_NEG = -1e30
+
+
+@torch.library.custom_op("ssd::gqa", mutates_args=())
+def gqa(query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None,
+        past_key: torch.Tensor,
+        past_value: torch.Tensor, seqlens_k: torch.Tensor, total_len: torch.Tensor,
+        cos_cache: torch.Tensor, sin_cache: torch.Tensor, position_ids: torch.Tensor,
+        num_heads: int, kv_heads: int, scale: float, softcap: float, window: int,
+        do_rotary: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """query (B,T,H·D), key/value (B,T,Hkv·D), caches (B,Hkv,M,D) -> out (B,T,H·D), caches.
+
+    Without key and value, query is packed: (B, T, (H + 2·Hkv)·D) as [q | k | v].
+    """
+    Hkv, _, D = past_key.shape[1:]
+    if key is None or value is None:
+        query, key, value = query.split((num_heads * D, kv_heads * D, kv_heads * D), dim=-1)
+    B, T, _ = query.shape
+    G = num_heads // kv_heads
+    q = query.view(B, T, num_heads, D)
+    k = key.view(B, T, Hkv, D)
+    if do_rotary:
+        cos, sin = cos_cache[position_ids][:, :, None], sin_cache[position_ids][:, :, None]
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+    keys, values = past_key.clone(), past_value.clone()
+    out = query.new_empty((B, T, num_heads * D))
+    for b in range(B):
+        total = int(seqlens_k[b]) + 1
+        start = total - T
+        keys[b, :, start:total] = k[b].transpose(0, 1)
+        values[b, :, start:total] = value[b].view(T, Hkv, D).transpose(0, 1)
+        qb = q[b].view(T, Hkv, G, D).permute(1, 2, 0, 3)                 # (Hkv, G, T, D)
+        scores = qb.float() @ keys[b, :, None, :total].float().transpose(-1, -2) * scale
+        if softcap > 0:
+            scores = torch.tanh(scores / softcap) * softcap
+        qpos = torch.arange(start, total)[:, None]
+        kpos = torch.arange(total)[None, :]
+        visible = kpos <= qpos
+        if window > 0:
+            visible = visible & (qpos - kpos < window)
+        scores = scores.masked_fill(~visible, _NEG)
+        probs = torch.softmax(scores, dim=-1).to(query.dtype)
+        o = probs @ values[b, :, None, :total]                            # (Hkv, G, T, D)
+        out[b] = o.permute(2, 0, 1, 3).reshape(T, num_heads * D)
+    return out, keys, values
+
+
+@gqa.register_fake
+def _(query, key, value, past_key, past_value, seqlens_k, total_len, cos_cache, sin_cache,
+      position_ids, num_heads, kv_heads, scale, softcap, window, do_rotary):
+    B, T, _ = query.shape
+    out = query.new_empty((B, T, num_heads * past_key.shape[-1]))
+    return out, torch.empty_like(past_key), torch.empty_like(past_value)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = cos.shape[-1]
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+_DOMAIN = "com.microsoft"
+_INPUTS = ("query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length",
+           "cos_cache", "sin_cache", "position_ids")
+_ATTRIBUTES = {"num_heads": "INT", "kv_num_heads": "INT", "scale": "FLOAT", "softcap": "FLOAT",
+               "local_window_size": "INT", "do_rotary": "INT"}
+
+
+def _register_schema() -> None:
+    """Tell ONNX the signature of the contrib op (it ships no schemas for com.microsoft).
+
+    The ONNX script evaluator the exporter builds graphs with looks every op up in ONNX's
+    registry; this declares the part of ONNX Runtime's GroupQueryAttention signature used here.
+    """
+    import onnx
+    from onnx.defs import OpSchema
+
+    try:
+        onnx.defs.get_schema("GroupQueryAttention", 1, _DOMAIN)
+        return
+    except onnx.defs.SchemaError:
+        pass
+    optional, single = OpSchema.FormalParameterOption.Optional, OpSchema.FormalParameterOption.Single
+    kinds = {"query": "T", "key": "T", "value": "T", "past_key": "T", "past_value": "T",
+             "seqlens_k": "M", "total_sequence_length": "M", "cos_cache": "T", "sin_cache": "T",
+             "position_ids": "P"}
+    required = {"query", "seqlens_k", "total_sequence_length"}
+    schema = OpSchema(
+        "GroupQueryAttention", _DOMAIN, 1,
+        inputs=[OpSchema.FormalParameter(n, kinds[n], param_option=single if n in required
+                                         else optional) for n in _INPUTS],
+        outputs=[OpSchema.FormalParameter(n, "T") for n in ("output", "present_key",
+                                                            "present_value")],
+        type_constraints=[("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], ""),
+                          ("M", ["tensor(int32)"], ""), ("P", ["tensor(int64)"], "")],
+        attributes=[OpSchema.Attribute(n, getattr(OpSchema.AttrType, t), "")
+                    for n, t in _ATTRIBUTES.items()],
+    )
+    onnx.defs.register_schema(schema)
+
+
+def translation_table() -> dict:
+    """What the exporter writes for `ssd::gqa`: one contrib node."""
+    from onnxscript.values import Opset
+
+    _register_schema()
+    group_query_attention = Opset(_DOMAIN, 1).GroupQueryAttention
+
+    def gqa_onnx(query, key, value, past_key, past_value, seqlens_k, total_len, cos_cache,
+                 sin_cache, position_ids, num_heads: int, kv_heads: int, scale: float,
+                 softcap: float, window: int, do_rotary: int):
+        rotary = (cos_cache, sin_cache, position_ids) if do_rotary else (None, None, None)
+        return group_query_attention(
+            query, key, value, past_key, past_value, seqlens_k, total_len, *rotary,
+            num_heads=num_heads, kv_num_heads=kv_heads, scale=scale, softcap=softcap,
+            local_window_size=window if window > 0 else -1, do_rotary=do_rotary,
+            _outputs=3)
+
+    return {torch.ops.ssd.gqa.default: gqa_onnx}
