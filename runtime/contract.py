@@ -6,6 +6,13 @@ exporter imports them so that both sides always agree.
 from __future__ import annotations
 
 INPUT_IDS = "input_ids"
+# Graph flavours. "standard": plain ONNX, sequence-major past (B, past_len, Hkv, D) in and the
+# new rows (B, new_len, Hkv, D) out: runs everywhere, TensorRT included. "ort": ONNX Runtime's
+# GroupQueryAttention contrib op over one head-major cache per layer (B, Hkv, max_context, D)
+# bound as both `past_*` and `present_*`; the op writes the new rows in place at row past_len.
+# CPU provider only. Both read the same input_ids / position_ids and give the same logits.
+STANDARD, ORT = "standard", "ort"
+GRAPHS = (STANDARD, ORT)
 POSITION_IDS = "position_ids"
 LOGITS = "logits"
 
@@ -26,6 +33,19 @@ def new_value(i: int) -> str:
     return f"new_value.{i}"
 
 
+def present_key(i: int) -> str:
+    return f"present_key.{i}"
+
+
+def present_value(i: int) -> str:
+    return f"present_value.{i}"
+
+
+def kv_output_names(i: int, graph: str = STANDARD) -> tuple[str, str]:
+    """Layer i's key and value outputs in that graph flavour."""
+    return (present_key(i), present_value(i)) if graph == ORT else (new_key(i), new_value(i))
+
+
 def input_names(num_layers: int) -> list[str]:
     names = [INPUT_IDS, POSITION_IDS]
     for i in range(num_layers):
@@ -33,8 +53,8 @@ def input_names(num_layers: int) -> list[str]:
     return names
 
 
-def output_names(num_layers: int) -> list[str]:
+def output_names(num_layers: int, graph: str = STANDARD) -> list[str]:
     names = [LOGITS]
     for i in range(num_layers):
-        names += [new_key(i), new_value(i)]
+        names += kv_output_names(i, graph)
     return names

@@ -11,10 +11,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import contract
 from .errors import BundleError
 
 FORMAT = "ssd-bundle"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2          # 2: models carry "graph" (flavour); 1 reads as "standard"
 MANIFEST_NAME = "manifest.json"
 _HINT = "---> HINT: re-run ssd-export to rebuild the bundle."
 
@@ -36,6 +37,7 @@ class ModelEntry:
     outputs: list[str]
     parameters: int = 0
     parity: dict[str, float] = field(default_factory=dict)
+    graph: str = "standard"   # contract.GRAPHS: "standard" (any backend) or "ort" (ORT CPU)
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,7 @@ class Manifest:
                               f"(up to {SCHEMA_VERSION}). ---> HINT: upgrade ssd-toolkit "
                               f"(pip install -U ssd-toolkit) or re-export with this version.")
         try:
-            return cls(
+            manifest = cls(
                 max_context=int(data["max_context"]),
                 max_draft=int(data["max_draft"]),
                 target=ModelEntry(**data["models"]["target"]),
@@ -110,6 +112,11 @@ class Manifest:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleError(f"{where}: missing or malformed field ({exc}). {_HINT}") from None
+        for role, entry in (("target", manifest.target), ("draft", manifest.draft)):
+            if entry.graph not in contract.GRAPHS:
+                raise BundleError(f"{where}: models.{role}.graph is {entry.graph!r}, expected one "
+                                  f"of {list(contract.GRAPHS)}. {_HINT}")
+        return manifest
 
 
 def manifest_json(manifest: Manifest) -> str:

@@ -14,6 +14,7 @@ from time import perf_counter
 
 import numpy as np
 
+from .. import contract
 from ..errors import BackendError, ConfigError
 from ..manifest import Manifest, ModelEntry
 from .base import ModelSession
@@ -66,8 +67,10 @@ def probe(manifest: Manifest, requested: str) -> Facts:
     import onnxruntime as ort
 
     providers = tuple(ort.get_available_providers())
-    if requested not in ("auto", "trt"):
-        return Facts(ort_providers=providers, engines=tuple(manifest.engines))
+    cpu_only = contract.ORT in (manifest.target.graph, manifest.draft.graph)
+    if requested not in ("auto", "trt") or cpu_only:
+        return Facts(ort_providers=providers, engines=tuple(manifest.engines),
+                     cpu_only_graph=cpu_only)
     from .trt import probe_tensorrt
 
     version, gpu, problem = probe_tensorrt()

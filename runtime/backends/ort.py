@@ -1,8 +1,11 @@
 """ONNX Runtime backend on the CPU; ort_cuda.py puts the same binding on a GPU.
 
-KV buffers are preallocated sequence-major arenas `(1, max_context, Hkv, D)`
-per layer. Each call binds the past as the prefix `[:past_len]` and the
-new-KV outputs at row `past_len` of the same buffer: no KV copy ever.
+KV buffers are preallocated arenas per layer, in the layout of the bundle's graph flavour
+(contract.py). "standard": sequence-major `(1, max_context, Hkv, D)`; each call binds the
+past as the prefix `[:past_len]` and the new-KV outputs at row `past_len` of the same buffer.
+"ort": head-major `(1, Hkv, max_context, D)`, bound whole as both past and present; the
+GroupQueryAttention kernel sees the same address on both sides and writes the new rows in
+place at the past length it reads from the positions. No KV copy ever, in either.
 """
 from __future__ import annotations
 
@@ -78,8 +81,9 @@ class OrtCpuSession:
         self._bind_in, self._bind_out = _binders(self.binding, self.device, self.device_id)
         # what the decode loop binds on every call, worked out once: graph names and arena
         # addresses per layer (the arenas never move), and the ids/positions/logits addresses
-        self.layers = [(contract.past_key(i), contract.past_value(i), contract.new_key(i),
-                        contract.new_value(i), *self._kv_ptrs(i))
+        self.in_place, self._kv_bound = entry.graph == contract.ORT, False
+        self.layers = [(contract.past_key(i), contract.past_value(i),
+                        *contract.kv_output_names(i, entry.graph), *self._kv_ptrs(i))
                        for i in range(entry.num_layers)]
         self._ids_ptr, self._pos_ptr = self.ids.ctypes.data, self.positions.ctypes.data
         self._logits_addr = self._logits_ptr()
@@ -92,12 +96,18 @@ class OrtCpuSession:
                                     providers=["CPUExecutionProvider"])
 
     def _allocate(self) -> None:
-        e = self.entry
-        shape = (1, self.max_context, e.num_kv_heads, e.head_dim)
-        # (1, max_context, Hkv, D) per layer, for keys and for values
+        e, shape = self.entry, self.arena_shape
+        # one per layer, for keys and for values
         self.keys = [np.zeros(shape, self.kv_dtype) for _ in range(e.num_layers)]
         self.values = [np.zeros(shape, self.kv_dtype) for _ in range(e.num_layers)]
         self.logits = np.zeros((1, self.max_new_len, e.vocab_size), _DTYPES[e.logits_dtype])
+
+    @property
+    def arena_shape(self) -> tuple[int, int, int, int]:
+        e = self.entry
+        if e.graph == contract.ORT:
+            return (1, e.num_kv_heads, self.max_context, e.head_dim)
+        return (1, self.max_context, e.num_kv_heads, e.head_dim)
 
     def _kv_ptrs(self, layer: int) -> tuple[int, int]:
         return self.keys[layer].ctypes.data, self.values[layer].ctypes.data
@@ -128,15 +138,26 @@ class OrtCpuSession:
                                f"max_context {self.max_context}.")
         self.ids[0, :n] = token_ids
         self.positions[0, :n] = np.arange(past_len, past_len + n)
-        self.binding.clear_binding_inputs()
-        self.binding.clear_binding_outputs()
         bind_in, bind_out, kv_type, e = self._bind_in, self._bind_out, self.kv_dtype, self.entry
+        if not self.in_place:
+            self.binding.clear_binding_inputs()
+            self.binding.clear_binding_outputs()
+        elif not self._kv_bound:
+            # the whole caches, as past and present: the same names, shapes and addresses on
+            # every call, so bound once; a bind of the same name below replaces only that one
+            whole = self.arena_shape
+            for past_k, past_v, present_k, present_v, k_ptr, v_ptr in self.layers:
+                bind_in(past_k, kv_type, whole, k_ptr)
+                bind_in(past_v, kv_type, whole, v_ptr)
+                bind_out(present_k, kv_type, whole, k_ptr)
+                bind_out(present_v, kv_type, whole, v_ptr)
+            self._kv_bound = True
         bind_in(contract.INPUT_IDS, np.int64, (1, n), self._ids_ptr)
         bind_in(contract.POSITION_IDS, np.int64, (1, n), self._pos_ptr)
         past_shape = (1, past_len, e.num_kv_heads, e.head_dim)
         new_shape = (1, n, e.num_kv_heads, e.head_dim)
         offset = past_len * self.row_bytes
-        for past_k, past_v, new_k, new_v, k_ptr, v_ptr in self.layers:
+        for past_k, past_v, new_k, new_v, k_ptr, v_ptr in () if self.in_place else self.layers:
             # past = rows [0, past_len) of the arena; new rows land at [past_len, past_len + n)
             bind_in(past_k, kv_type, past_shape, k_ptr)
             bind_in(past_v, kv_type, past_shape, v_ptr)
@@ -152,7 +173,7 @@ class OrtCpuSession:
         found_in = [i.name for i in self.session.get_inputs()]
         found_out = [o.name for o in self.session.get_outputs()]
         want_in = contract.input_names(self.entry.num_layers)
-        want_out = contract.output_names(self.entry.num_layers)
+        want_out = contract.output_names(self.entry.num_layers, self.entry.graph)
         if found_in != want_in or found_out[:len(want_out)] != want_out:
             raise BackendError(f"{self.name} graph does not follow the contract: inputs "
                                f"{found_in[:4]}…, outputs {found_out[:3]}…, expected "

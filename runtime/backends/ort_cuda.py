@@ -10,11 +10,12 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import contract
 from ..errors import BackendError
 from ..manifest import ModelEntry
 from .device import DeviceLogits
 from .ort import _DTYPES, OrtCpuSession, session_options
-from .select import CUDA_PROVIDER, ORT_GPU_HINT
+from .select import CUDA_PROVIDER, GRAPH_HINT, ORT_GPU_HINT
 
 INSTALL_HINT = f"---> HINT: {ORT_GPU_HINT}, with an NVIDIA driver that nvidia-smi shows."
 
@@ -28,6 +29,9 @@ class OrtCudaSession(OrtCpuSession):
                  device_id: int = 0) -> None:
         if device not in ("cuda", "cpu"):
             raise BackendError(f"{name}: device {device!r} is not 'cuda' or 'cpu'.")
+        if device == "cuda" and entry.graph == contract.ORT:
+            raise BackendError(f"backend 'cuda': the {name} graph {path} is CPU-only: "
+                               f"{GRAPH_HINT}.")
         self.device, self.device_id = device, device_id
         self.backend = "cuda" if device == "cuda" else "cpu"
         super().__init__(name, path, entry, max_context, max_new_len, threads)
@@ -55,7 +59,7 @@ class OrtCudaSession(OrtCpuSession):
         from onnxruntime import OrtValue
 
         e, dev = self.entry, (self.device, self.device_id)
-        shape = (1, self.max_context, e.num_kv_heads, e.head_dim)         # (1, C, Hkv, D)
+        shape = self.arena_shape
         self.keys = [OrtValue.ortvalue_from_shape_and_type(shape, self.kv_dtype, *dev)
                      for _ in range(e.num_layers)]
         self.values = [OrtValue.ortvalue_from_shape_and_type(shape, self.kv_dtype, *dev)
