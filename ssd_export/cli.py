@@ -35,6 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "here and says so when it skips; trt requires them; none skips")
     p.add_argument("--engine-precision", choices=PRECISIONS, default="fp16",
                    help="precision TensorRT may use inside the engines (default fp16)")
+    p.add_argument("--graph", choices=("auto", "standard", "ort"), default="auto",
+                   help="graph flavour: standard ONNX runs on every backend (TensorRT, ORT CUDA, "
+                        "ORT CPU); ort uses ONNX Runtime's GroupQueryAttention kernel with the KV "
+                        "cache updated in place, faster on ORT CPU and CPU-only; auto (default) "
+                        "is ort unless TensorRT engines are built or onnxruntime has CUDA here")
     p.add_argument("--force", action="store_true", help="replace an existing --output")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--list-architectures", action="store_true",
@@ -57,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     config = ExportConfig(target=args.target, draft=args.draft, output=args.output,
                           max_context=args.max_context, max_draft=args.max_draft,
                           dtype=args.dtype, force=args.force, quiet=args.quiet,
-                          engines=args.engines, engine_precision=args.engine_precision)
+                          engines=args.engines, engine_precision=args.engine_precision,
+                          graph=args.graph)
     try:
         from .pipeline import export_bundle
     except ImportError as exc:

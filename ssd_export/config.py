@@ -9,6 +9,7 @@ from ssd_runtime.engines import Precision
 
 DType = Literal["float32", "float16"]
 Engines = Literal["trt", "none", "auto"]       # auto: build when TensorRT and a GPU are here
+Graph = Literal["auto", "standard", "ort"]     # auto: "ort" unless the bundle is for a GPU
 DEFAULT_MAX_CONTEXT = 2048
 
 
@@ -24,3 +25,4 @@ class ExportConfig:
     quiet: bool = False
     engines: Engines = "auto"
     engine_precision: Precision = "fp16"
+    graph: Graph = "auto"

@@ -5,6 +5,7 @@ Reads top to bottom; each stage prints one progress line with its time.
 from __future__ import annotations
 
 import platform
+import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -13,6 +14,7 @@ from time import perf_counter, strftime
 from ssd_graphs.heads import write_heads
 from ssd_graphs.trace import OPSET, TracedModel, export_decoder
 from ssd_runtime import __version__, contract
+from ssd_runtime.backends.trt import probe_tensorrt
 from ssd_runtime.errors import ConfigError
 from ssd_runtime.manifest import Manifest, ModelEntry, TokenizerEntry
 
@@ -34,7 +36,12 @@ def export_bundle(config: ExportConfig) -> Manifest:
     check_architecture(config.target, "target")
     check_architecture(config.draft, "draft")
     if config.engines == "trt":          # fail before any work, and write nothing
+        if config.graph == contract.ORT:
+            raise ConfigError("--graph ort cannot go with --engines trt: TensorRT takes only "
+                              "standard ONNX. ---> HINT: drop --graph (or use --graph standard).")
         require_tensorrt("--engines trt")
+    graph, why = choose_graph(config)
+    log.print(f"    graph flavour: {graph} ({why})")
 
     with log.stage("load models and tokenizers"):
         target = load_model(config.target, "target", config.dtype)
@@ -44,17 +51,10 @@ def export_bundle(config: ExportConfig) -> Manifest:
         max_context = _max_context(config, target, draft)
         prefix, suffix = added_ids(target.tokenizer)
     with staging(config.output, config.force) as root:
-        traced = {}
+        traced, parity = {}, {}
         for loaded in (target, draft):
-            with log.stage(f"trace the {loaded.role} ({loaded.architecture})"):
-                traced[loaded.role] = export_decoder(loaded.model, loaded.source,
-                                                     root / loaded.role / "model.onnx", max_context)
-        parity = {}
-        for loaded in (target, draft):
-            with log.stage(f"parity of the {loaded.role} against Hugging Face"):
-                parity[loaded.role] = check_parity(loaded.model, traced[loaded.role].path,
-                                                   loaded.role, config.max_draft, config.dtype,
-                                                   max_context)
+            traced[loaded.role], parity[loaded.role] = _trace_checked(
+                loaded, root / loaded.role / "model.onnx", max_context, config, graph, log)
         with log.stage("write heads and tokenizer"):
             heads = {name: f"heads/{file}" for name, file in write_heads(root / "heads").items()}
             target.tokenizer.save_pretrained(root / "tokenizer")
@@ -76,6 +76,44 @@ def export_bundle(config: ExportConfig) -> Manifest:
             manifest = finish_manifest(root, replace(manifest, engines=engines))
     log.done(config.output)
     return manifest
+
+
+def choose_graph(config: ExportConfig) -> tuple[str, str]:
+    """The graph flavour to write, and why (contract.py has what each one is)."""
+    if config.graph != "auto":
+        return config.graph, "--graph"
+    if config.engines == "trt":
+        return contract.STANDARD, "TensorRT engines take standard ONNX"
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        return contract.STANDARD, "onnxruntime has CUDA here; the ort flavour is CPU-only"
+    if config.engines == "auto":
+        version, gpu, _ = probe_tensorrt()
+        if version is not None and gpu is not None:
+            return contract.STANDARD, "TensorRT and a GPU are here"
+    return contract.ORT, ("no TensorRT or CUDA here: ONNX Runtime CPU kernels; "
+                          "--graph standard for a bundle that also runs on GPUs")
+
+
+def _trace_checked(loaded: LoadedModel, path: Path, max_context: int, config: ExportConfig,
+                   graph: str, log) -> tuple[TracedModel, dict[str, float]]:
+    """Trace and check one model. With --graph auto a model the ort flavour cannot express or
+    reproduce (ALiBi, or a parity failure) falls back to the standard graph, saying why."""
+    role = loaded.role
+    try:
+        with log.stage(f"trace the {role} ({loaded.architecture}, {graph} graph)"):
+            traced = export_decoder(loaded.model, loaded.source, path, max_context, graph)
+        with log.stage(f"parity of the {role} against Hugging Face"):
+            return traced, check_parity(loaded.model, traced.path, role, config.max_draft,
+                                        config.dtype, max_context, graph=graph)
+    except Exception as exc:  # the standard graph is tried next, or it re-raises
+        if graph == contract.STANDARD or config.graph != "auto":
+            raise
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        log.print(f"    {role}: the ort flavour does not fit ({why}); using the standard graph")
+        shutil.rmtree(path.parent, ignore_errors=True)
+        return _trace_checked(loaded, path, max_context, config, contract.STANDARD, log)
 
 
 def _quiet_transformers() -> None:
@@ -107,8 +145,8 @@ def _entry(root: Path, loaded: LoadedModel, traced: TracedModel,
         num_kv_heads=traced.num_kv_heads, head_dim=traced.head_dim,
         vocab_size=traced.vocab_size, kv_dtype=traced.kv_dtype, logits_dtype="float32",
         inputs=contract.input_names(traced.num_layers),
-        outputs=contract.output_names(traced.num_layers),
-        parameters=traced.parameters, parity=parity)
+        outputs=contract.output_names(traced.num_layers, traced.graph),
+        parameters=traced.parameters, parity=parity, graph=traced.graph)
 
 
 def _build_info(config: ExportConfig) -> dict:

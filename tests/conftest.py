@@ -68,15 +68,19 @@ def bundle_factory(models, tmp_path_factory):
     """export(target, draft) -> bundle folder, cached per pair for the session."""
     from ssd_export import ExportConfig, export_bundle
 
-    cache: dict[tuple[str, str, int], Path] = {}
+    cache: dict[tuple[str, str, int, str], Path] = {}
     root = tmp_path_factory.mktemp("bundles")
 
-    def export(target: str, draft: str, max_context: int | None = None) -> Path:
-        key = (target, draft, max_context or 0)
+    def export(target: str, draft: str, max_context: int | None = None,
+               graph: str = "auto") -> Path:
+        """graph: "auto" is what ssd-export writes here (the ort flavour where it fits);
+        "standard" for what TensorRT and CUDA bundles carry."""
+        key = (target, draft, max_context or 0, graph)
         if key not in cache:
-            out = root / f"{target}-{draft}-{max_context or 'd'}"
+            out = root / f"{target}-{draft}-{max_context or 'd'}-{graph}"
             export_bundle(ExportConfig(target=str(models[target]), draft=str(models[draft]),
-                                       output=out, max_context=max_context, quiet=True))
+                                       output=out, max_context=max_context, quiet=True,
+                                       graph=graph))
             cache[key] = out
         return cache[key]
 

@@ -165,7 +165,24 @@ def test_newer_schema_is_refused(bundle_copy):
     path.write_text(json.dumps(manifest))
     proc = run("ssd_runtime.cli", bundle_copy, "--prompt", "x")
     assert_clean_error(proc, "ssd-run", r"schema_version 99 is newer than this runtime reads "
-                                        r"\(up to 1\).*upgrade")
+                                        r"\(up to 2\).*upgrade")
+
+
+def test_unknown_graph_flavour_is_refused_and_schema_1_reads_as_standard(bundle_copy):
+    from ssd_runtime.manifest import read_manifest
+
+    path = bundle_copy / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["models"]["draft"]["graph"] = "fast"
+    path.write_text(json.dumps(manifest))
+    proc = run("ssd_runtime.cli", bundle_copy, "--prompt", "x")
+    assert_clean_error(proc, "ssd-run", r"models\.draft\.graph is 'fast', expected one of "
+                                        r"\['standard', 'ort'\]")
+    for role in ("target", "draft"):               # a bundle written before the flavours
+        del manifest["models"][role]["graph"]
+    manifest["schema_version"] = 1
+    path.write_text(json.dumps(manifest))
+    assert read_manifest(bundle_copy, verify=False).target.graph == "standard"
 
 
 def test_k_above_max_draft(bundle_copy):

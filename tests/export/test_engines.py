@@ -22,7 +22,7 @@ from ssd_runtime.backends.select import Facts, plan
 from ssd_runtime.engines import (GpuInfo, Profile, engine_folder, engine_profiles, gpu_slug,
                                  refusal, select_engines)
 from ssd_runtime.errors import BackendError, ConfigError
-from ssd_runtime.manifest import EngineEntry, read_manifest, sha256_file
+from ssd_runtime.manifest import SCHEMA_VERSION, EngineEntry, read_manifest, sha256_file
 
 H200 = GpuInfo("NVIDIA H200", "9.0")
 A100 = GpuInfo("NVIDIA A100-SXM4-80GB", "8.0")
@@ -54,7 +54,7 @@ def test_profiles_span_decode_and_prefill():
 
 
 def test_profile_shapes_follow_the_graph_contract(bundle_factory):
-    manifest = read_manifest(bundle_factory("llama", "llama_cut"))
+    manifest = read_manifest(bundle_factory("llama", "llama_cut", graph="standard"))
     e = manifest.target
     decode, _ = engine_profiles("target", manifest.max_context, manifest.max_draft, 256)
     shapes = decode.shapes(e)
@@ -117,7 +117,7 @@ def test_select_engines_wants_a_target_and_a_draft():
 @pytest.fixture
 def bundle_copy(bundle_factory, tmp_path) -> Path:
     dst = tmp_path / "bundle"
-    shutil.copytree(bundle_factory("llama", "llama_cut"), dst)
+    shutil.copytree(bundle_factory("llama", "llama_cut", graph="standard"), dst)
     return dst
 
 
@@ -138,7 +138,7 @@ def fake_engines(root: Path, gpu: GpuInfo, version: str) -> list[EngineEntry]:
 def test_manifests_without_engines_still_load(bundle_copy):
     path = bundle_copy / "manifest.json"
     data = json.loads(path.read_text())
-    assert data["engines"] == [] and data["schema_version"] == 1
+    assert data["engines"] == [] and data["schema_version"] == SCHEMA_VERSION
     del data["engines"]
     path.write_text(json.dumps(data))
     assert read_manifest(bundle_copy).engines == []
@@ -231,8 +231,10 @@ def test_build_engines_without_tensorrt_leaves_the_bundle_alone(bundle_copy):
 def test_export_reports_the_lint_and_the_skipped_engines(models, tmp_path):
     out = tmp_path / "bundle"
     proc = run("-m", "ssd_export.cli", "--target", str(models["llama"]), "--draft",
-               str(models["llama_cut"]), "--output", str(out), "--max-context", "64")
+               str(models["llama_cut"]), "--output", str(out), "--max-context", "64",
+               "--graph", "standard")
     assert proc.returncode == 0, proc.stderr
+    assert "graph flavour: standard (--graph)" in proc.stderr
     assert "TensorRT lint of the graphs" in proc.stderr
     assert "they run on ONNX Runtime, not TensorRT" in proc.stderr         # the heads' notes
     if importlib.util.find_spec("tensorrt") is None:
@@ -241,12 +243,61 @@ def test_export_reports_the_lint_and_the_skipped_engines(models, tmp_path):
         assert json.loads((out / "manifest.json").read_text())["engines"] == []
 
 
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt") is not None
+                    or "CUDAExecutionProvider" in __import__("onnxruntime").get_available_providers(),
+                    reason="a GPU stack here makes auto write the standard graph")
+def test_default_export_on_a_cpu_machine_writes_the_ort_flavour_and_says_so(models, tmp_path):
+    out = tmp_path / "bundle"
+    proc = run("-m", "ssd_export.cli", "--target", str(models["llama"]), "--draft",
+               str(models["llama_cut"]), "--output", str(out), "--max-context", "64")
+    assert proc.returncode == 0, proc.stderr
+    assert "graph flavour: ort (no TensorRT or CUDA here" in proc.stderr
+    assert "engines: none for the 'ort' graph flavour" in proc.stderr
+    manifest = read_manifest(out)
+    assert manifest.target.graph == manifest.draft.graph == "ort" and manifest.engines == []
+    assert manifest.target.outputs[1:3] == ["present_key.0", "present_value.0"]
+
+
+def test_ort_flavour_and_tensorrt_refuse_each_other_naming_the_fix(models, bundle_factory,
+                                                                   tmp_path):
+    out = tmp_path / "bundle"
+    proc = run("-m", "ssd_export.cli", "--target", str(models["llama"]), "--draft",
+               str(models["llama_cut"]), "--output", str(out), "--graph", "ort",
+               "--engines", "trt")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "--graph ort cannot go with --engines trt" in proc.stderr and not out.exists()
+    ort_bundle = bundle_factory("llama", "llama_cut", graph="ort")
+    before = (ort_bundle / "manifest.json").read_bytes()
+    proc = run("-c", "import sys; from ssd_export.cli import build_engines_main; "
+                     "sys.exit(build_engines_main(sys.argv[1:]))", str(ort_bundle))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "'ort' flavour" in proc.stderr and "--graph standard" in proc.stderr
+    assert (ort_bundle / "manifest.json").read_bytes() == before
+
+
+def test_alibi_falls_back_to_the_standard_graph_under_auto_and_says_why(models, tmp_path):
+    out = tmp_path / "bundle"
+    proc = run("-m", "ssd_export.cli", "--target", str(models["falcon_alibi"]), "--draft",
+               str(models["falcon_alibi_cut"]), "--output", str(out), "--max-context", "64",
+               "--graph", "ort")
+    assert proc.returncode == 2 and "no ALiBi" in proc.stderr and not out.exists()
+    proc = run("-m", "ssd_export.cli", "--target", str(models["falcon_alibi"]), "--draft",
+               str(models["falcon_alibi_cut"]), "--output", str(out), "--max-context", "64",
+               "--graph", "auto", "--engines", "none")
+    assert proc.returncode == 0, proc.stderr
+    if "graph flavour: ort" in proc.stderr:
+        assert "target: the ort flavour does not fit (the ort graph flavour has no ALiBi" \
+            in proc.stderr
+        manifest = read_manifest(out)
+        assert manifest.target.graph == manifest.draft.graph == "standard"
+
+
 # --- the TensorRT operator lint ---------------------------------------------------------
 
 @pytest.mark.parametrize("pair", [("llama", "llama_cut"), ("mistral", "mistral_cut"),
                                   ("gpt2", "gpt2_cut")])
 def test_exported_decoder_graphs_pass_the_lint(bundle_factory, pair):
-    root = bundle_factory(*pair)
+    root = bundle_factory(*pair, graph="standard")
     manifest = read_manifest(root)
     for model in (manifest.target, manifest.draft):
         assert errors(lint_file(root / model.path, model.path)) == []

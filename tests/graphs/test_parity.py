@@ -86,6 +86,32 @@ def test_parity_with_hugging_face(exported, name):
     assert diffs["new_key"] < 1e-3 and diffs["new_value"] < 1e-3, diffs
 
 
+@pytest.fixture(scope="module")
+def exported_ort(exported, tmp_path_factory):
+    """The same models in the "ort" flavour (GroupQueryAttention, caches updated in place)."""
+    root = tmp_path_factory.mktemp("parity_ort")
+    return {name: export_decoder(model, name, root / name / "model.onnx", max_context, graph="ort")
+            for name, (model, _, max_context) in exported.items() if name not in NO_ORT}
+
+
+NO_ORT = {"falcon_alibi"}       # ALiBi: GroupQueryAttention takes no per-head slopes
+
+
+@pytest.mark.parametrize("name", sorted({*CASES, *VARIANTS} - NO_ORT))
+def test_ort_flavour_parity_with_hugging_face(exported, exported_ort, name):
+    model, _, max_context = exported[name]
+    diffs = check_parity(model, exported_ort[name].path, "target", max_draft=8, dtype="float32",
+                         max_context=max_context, graph="ort")
+    assert diffs["logits"] < 1e-3, diffs
+    assert diffs["new_key"] < 1e-3 and diffs["new_value"] < 1e-3, diffs
+
+
+def test_ort_flavour_refuses_alibi_naming_the_fix(exported, tmp_path):
+    model, _, _ = exported["falcon_alibi"]
+    with pytest.raises(ConfigError, match=r"no ALiBi.*--graph standard"):
+        export_decoder(model, "falcon_alibi", tmp_path / "model.onnx", 64, graph="ort")
+
+
 def test_parity_catches_a_wrong_graph(exported):
     model, traced, _ = exported["llama"]
     layer = model.model.layers[0].self_attn.k_proj

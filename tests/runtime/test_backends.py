@@ -97,6 +97,27 @@ def test_explicit_cuda_without_the_provider_names_onnxruntime_gpu():
     assert describe("cpu", plan("cpu", Facts()), [], "cpu") == "cpu: requested"
 
 
+def test_an_ort_flavour_bundle_is_cpu_only_and_says_how_to_get_a_gpu_bundle():
+    facts = Facts("10.8.0", "", H200, WITH_CUDA, engines_for(H200, "10.8.0"), cpu_only_graph=True)
+    chosen = plan("auto", facts)
+    assert chosen.attempts == ("cpu",)
+    reason = describe("cpu", chosen, [], "auto")
+    assert "trt skipped: the bundle has no TensorRT path" in reason
+    assert "cuda skipped: the bundle is CPU-only" in reason and "--graph standard" in reason
+    for backend in ("cuda", "trt"):
+        with pytest.raises(BackendError, match=rf"backend '{backend}'.*'ort' flavour.*"
+                                               r"ssd-export --graph standard"):
+            plan(backend, facts)
+
+
+def test_the_cuda_session_refuses_an_ort_flavour_graph(bundle_factory):
+    gen = Generator.load(bundle_factory("llama", "llama_cut"), threads=1)
+    m = gen.manifest
+    assert m.target.graph == "ort"
+    with pytest.raises(BackendError, match=r"backend 'cuda'.*CPU-only.*--graph standard"):
+        OrtCudaSession("target", gen.root / m.target.path, m.target, m.max_context, 10, 1)
+
+
 # --- the real machine (CI has no GPU) ---------------------------------------------------
 
 needs_no_gpu_stack = pytest.mark.skipif(
@@ -107,7 +128,7 @@ needs_no_gpu_stack = pytest.mark.skipif(
 
 @needs_no_gpu_stack
 def test_this_machine_picks_cpu_and_refuses_gpu_backends_clearly(bundle_factory):
-    bundle = bundle_factory("llama", "llama_cut")
+    bundle = bundle_factory("llama", "llama_cut", graph="standard")
     gen = Generator.load(bundle)
     assert gen.backend == "cpu" and gen.last_result is None
     assert "trt skipped: TensorRT is not installed" in gen.backend_reason
@@ -167,7 +188,8 @@ def device_sessions(gen: Generator) -> tuple[OrtCudaSession, OrtCudaSession]:
 
 
 def test_device_session_binds_in_place_and_matches_the_cpu_session(bundle_factory):
-    gen = Generator.load(bundle_factory("llama", "llama_cut"), backend="cpu", threads=1)
+    gen = Generator.load(bundle_factory("llama", "llama_cut", graph="standard"), backend="cpu",
+                         threads=1)
     target, _ = device_sessions(gen)
     host: OrtCpuSession = gen.target
     ids = np.array([0, 5, 9, 17, 33, 64, 100], np.int64)

@@ -8,7 +8,7 @@ from ssd_runtime import Generator, contract
 
 
 def test_new_kv_is_written_at_offset_past_len(bundle_factory):
-    gen = Generator.load(bundle_factory("llama", "llama_cut"))
+    gen = Generator.load(bundle_factory("llama", "llama_cut", graph="standard"))
     session = gen.target
     ids = np.array([0, 5, 9, 17, 33, 64, 100], np.int64)
     session.prefill(ids[:4])
@@ -48,3 +48,34 @@ def test_rollback_is_free(bundle_factory):
     s.forward(np.array([200, 201, 202], np.int64), 3)      # a "rejected" continuation
     again = s.forward(np.array([17, 33], np.int64), 3)     # rolled back to past_len 3
     np.testing.assert_allclose(again, first, atol=1e-6)
+
+
+def test_ort_flavour_updates_the_cache_in_place(bundle_factory):
+    """The "ort" graph: past and present are one buffer per layer; the kernel writes the new
+    rows at past_len in place, leaves every other row alone, and gives the standard logits."""
+    gen = Generator.load(bundle_factory("llama", "llama_cut"), threads=1)
+    standard = Generator.load(bundle_factory("llama", "llama_cut", graph="standard"), threads=1)
+    session, ref = gen.target, standard.target
+    assert session.entry.graph == contract.ORT and ref.entry.graph == contract.STANDARD
+    e = session.entry
+    assert session.keys[0].shape == (1, e.num_kv_heads, gen.manifest.max_context, e.head_dim)
+    ids = np.array([0, 5, 9, 17, 33, 64, 100], np.int64)
+    for s in (session, ref):
+        s.prefill(ids[:4])
+    before = [k.copy() for k in session.keys]
+    logits = session.forward(ids[4:], 4).copy()
+    np.testing.assert_allclose(logits, ref.forward(ids[4:], 4), atol=1e-5)
+    outputs = session.binding.get_outputs()   # present_key.0, present_value.0, ..., logits
+    for i in range(e.num_layers):
+        assert outputs[2 * i].data_ptr() == session.keys[i].ctypes.data
+        assert outputs[2 * i + 1].data_ptr() == session.values[i].ctypes.data
+        np.testing.assert_array_equal(session.keys[i][:, :, :4], before[i][:, :, :4])
+        np.testing.assert_array_equal(session.keys[i][:, :, 7:], before[i][:, :, 7:])
+        # the same keys as the standard graph's sequence-major rows
+        np.testing.assert_allclose(session.keys[i][0, :, :7].transpose(1, 0, 2),
+                                   ref.keys[i][0, :7], atol=1e-5)
+        np.testing.assert_allclose(session.values[i][0, :, :7].transpose(1, 0, 2),
+                                   ref.values[i][0, :7], atol=1e-5)
+    # rolled back to past_len 4 over rows a rejected continuation wrote: the same logits again
+    session.forward(np.array([200, 201, 202], np.int64), 4)
+    np.testing.assert_allclose(session.forward(ids[4:], 4), logits, atol=1e-6)
