@@ -6,13 +6,13 @@
 """
 from __future__ import annotations
 
+import logging
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
 import torch
-
 from ssd_runtime import contract
 
 from .adapters import adapter_for, check_rope_context
@@ -59,6 +59,8 @@ def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context:
     past = tuple(torch.zeros(kv_shape, dtype=dtype) for _ in range(2 * n_layers))
     shapes = ({0: B, 1: T}, {0: B, 1: T}, tuple(kv_dims for _ in past))
     path.parent.mkdir(parents=True, exist_ok=True)
+    # the exporter logs a warning per missing torchvision op on every export: not ours to fix
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(

@@ -120,7 +120,7 @@ section "export with engines"
 BUNDLE="$WORK/bundle"; BENCH_BUNDLE="$WORK/bundle-fp16"
 step 300 "ssd-export --engines auto --engine-precision fp32" "$PY" -m ssd_export.cli \
   --target "$PAIR/target" --draft "$PAIR/draft" --output "$BUNDLE" --max-context "$MAX_CONTEXT" \
-  --engines auto --engine-precision fp32 --force
+  --engines auto --engine-precision fp32 --graph standard --force
 [ -f "$BUNDLE/manifest.json" ] && "$PY" -c "import json, sys; m = json.load(open(sys.argv[1])); \
 print('engines:', [(e['path'], e['precision']) for e in m['engines']] or 'none')" \
   "$BUNDLE/manifest.json" >> "$REPORT" 2>&1

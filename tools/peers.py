@@ -11,8 +11,10 @@ Runs are interleaved prompt by prompt (the order rotates). tok/s: median over pr
 tokens / wall time of the call, prefill included (GenAI: from append_tokens on; its fixed
 og.Generator construction is reported apart). decode: the runtime's own decode-phase rate.
 Greedy ids are checked against the peer's own target alone and Hugging Face's target alone.
+--isolate measures each peer in a process of its own instead (they slow each other down).
 
-    python tools/peers.py --target T --draft D [--bundle B] [--threads 1,2] [--json out.json]
+    python tools/peers.py --target T --draft D [--bundle B] [--threads 1,2] [--isolate]
+                          [--json out.json]
 """
 from __future__ import annotations
 
@@ -375,7 +377,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--genai-k", default="4,adaptive",
                    help="GenAI speculative settings: fixed K (1..16) and/or adaptive")
     p.add_argument("--repeats", type=int, default=1, help="passes over the prompts")
-    p.add_argument("--skip", default="", help="peers to leave out: hf,genai")
+    p.add_argument("--skip", default="", help="peers to leave out: ours,hf,genai")
+    p.add_argument("--isolate", action="store_true",
+                   help="measure each peer in a process of its own, one after the other, and "
+                        "report them together: peers sharing a process and cores slow each "
+                        "other down (thread pools, caches), and not by the same amount")
     p.add_argument("--json", dest="json_out", help="write the report here")
     p.add_argument("--workdir", help="bundle and GenAI models (default: /tmp/ssd-peers/<pair>)")
     return p
@@ -390,13 +396,15 @@ def main(argv: list[str] | None = None) -> int:
     if bad := [k for k in genai_ks if k != "adaptive" and not 1 <= int(k) <= 16]:
         raise SystemExit(f"--genai-k {bad[0]}: GenAI takes K in [1, 16] or 'adaptive'.")
     skip = set(filter(None, args.skip.split(",")))
+    if args.isolate:
+        return isolated(argv if argv is not None else sys.argv[1:], skip, args.json_out)
     stamp = pair_stamp(target, draft)
     workdir = Path(args.workdir or f"/tmp/ssd-peers/{stamp}").resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
     prompts = load_prompt_ids(args.prompts, target, args.num_prompts)
     bundle = Path(args.bundle).resolve() if args.bundle else \
-        export_bundle(target, draft, workdir, stamp)
+        export_bundle(target, draft, workdir, stamp) if "ours" not in skip else None
     genai_root = None
     if "genai" not in skip:
         try:
@@ -416,7 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     for t in threads:
         print(f"threads {t}: {len(prompts)} prompts x {args.max_new_tokens} new tokens "
               f"x {args.repeats}", flush=True)
-        variants = ours_variants(bundle, t, ks) + (hf_variants(*hf, t) if hf else [])
+        variants = (ours_variants(bundle, t, ks) if "ours" not in skip else []) + \
+            (hf_variants(*hf, t) if hf else [])
         if genai_root is not None:
             try:
                 variants += genai_variants(genai_root, t, genai_ks, notes)
@@ -434,6 +443,59 @@ def main(argv: list[str] | None = None) -> int:
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
     return 0
+
+
+def isolated(argv: list[str], skip: set[str], json_out: str | None) -> int:
+    """--isolate: this script once per peer, in a process of its own, then one report."""
+    import subprocess
+    import tempfile
+
+    base = [a for a in argv if a != "--isolate"]
+    for flag in ("--skip", "--json"):                 # replaced per peer below
+        while flag in base:
+            i = base.index(flag)
+            del base[i:i + 2]
+        base = [a for a in base if not a.startswith(flag + "=")]
+    peers = [p for p in ("ours", "genai", "hf") if p not in skip]
+    merged: dict | None = None
+    with tempfile.TemporaryDirectory() as tmp:
+        for peer in peers:
+            out = Path(tmp) / f"{peer}.json"
+            others = ",".join(p for p in ("ours", "genai", "hf") if p != peer)
+            print(f"--- {peer}, in a process of its own", flush=True)
+            subprocess.run([sys.executable, __file__, *base, "--skip", others,
+                            "--json", str(out)], check=True, stdout=subprocess.DEVNULL)
+            report = json.loads(out.read_text())
+            if merged is None:
+                merged = report
+            else:
+                merged["results"] += report["results"]
+                merged["notes"] += report["notes"]
+                merged["bundle"] = merged["bundle"] or report["bundle"]
+                merged["genai_model"] = merged["genai_model"] or report["genai_model"]
+    assert merged is not None, "every peer skipped"
+    merged["isolated"] = True
+    merged["ratios"] = [q for t in merged["threads"] for q in ratios(merged["results"], t)]
+    merged["results"] = _greedy_across(merged["results"])
+    print(format_table(merged))
+    if json_out:
+        Path(json_out).write_text(json.dumps(merged, indent=2) + "\n")
+    return 0
+
+
+def _greedy_across(rows: list[dict]) -> list[dict]:
+    """Greedy equality against Hugging Face's target, for rows measured in other processes."""
+    ref = {r["threads"]: r for r in rows if r["peer"] == "hf" and not r["speculative"]}
+    for r in rows:
+        hf = ref.get(r["threads"])
+        if hf is None or r is hf or len(hf["runs"]) != len(r["runs"]):
+            continue
+        diffs = [None if a["ids"] == b["ids"] else next(
+            (i for i, (x, y) in enumerate(zip(a["ids"], b["ids"])) if x != y),
+            min(len(a["ids"]), len(b["ids"]))) for a, b in zip(r["runs"], hf["runs"])]
+        r["greedy_vs_hf_target"] = {"equal": diffs.count(None), "of": len(diffs),
+                                    "first_diff": diffs}
+    return rows
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ def with_engines(src: Path, dst: Path) -> Path:
 @pytest.fixture(scope="module")
 def gpu_bundle(bundle_factory, tmp_path_factory) -> Path:
     """The llama pair (KV rows of 128 bytes: TensorRT writes them via a scratch copy)."""
-    return with_engines(bundle_factory("llama", "llama_cut"),
+    return with_engines(bundle_factory("llama", "llama_cut", graph="standard"),
                         tmp_path_factory.mktemp("gpu") / "bundle")
 
 
@@ -53,7 +53,7 @@ def aligned_bundle(tmp_path_factory) -> Path:
                               num_key_value_heads=4)
     draft = tiny.truncate(target, root / "draft", 1, tok)
     export_bundle(ExportConfig(target=str(target), draft=str(draft), output=root / "plain",
-                               max_context=128, quiet=True, engines="none"))
+                               max_context=128, quiet=True, engines="none", graph="standard"))
     return with_engines(root / "plain", root / "bundle")
 
 
