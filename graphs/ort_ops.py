@@ -122,11 +122,15 @@ def translation_table() -> dict:
     def gqa_onnx(query, key, value, past_key, past_value, seqlens_k, total_len, cos_cache,
                  sin_cache, position_ids, num_heads: int, kv_heads: int, scale: float,
                  softcap: float, window: int, do_rotary: int):
-        rotary = (cos_cache, sin_cache, position_ids) if do_rotary else (None, None, None)
+        # Positions are the cache rows here, which is what the kernel assumes without a
+        # position_ids input (a later addition to the op); optional attributes only when used,
+        # so that older ONNX Runtime releases load the graph too.
+        rotary = (cos_cache, sin_cache) if do_rotary else ()
+        optional = {**({"softcap": softcap} if softcap > 0 else {}),
+                    **({"local_window_size": window} if window > 0 else {}),
+                    **({"do_rotary": 1} if do_rotary else {})}
         return group_query_attention(
             query, key, value, past_key, past_value, seqlens_k, total_len, *rotary,
-            num_heads=num_heads, kv_num_heads=kv_heads, scale=scale, softcap=softcap,
-            local_window_size=window if window > 0 else -1, do_rotary=do_rotary,
-            _outputs=3)
+            num_heads=num_heads, kv_num_heads=kv_heads, scale=scale, _outputs=3, **optional)
 
     return {torch.ops.ssd.gqa.default: gqa_onnx}

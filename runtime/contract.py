@@ -13,6 +13,18 @@ INPUT_IDS = "input_ids"
 # CPU provider only. Both read the same input_ids / position_ids and give the same logits.
 STANDARD, ORT = "standard", "ort"
 GRAPHS = (STANDARD, ORT)
+# The oldest onnxruntime that runs the "ort" flavour right: 1.18 and 1.19 load it and give
+# other tokens (measured on the demo pair; 1.20, 1.22, 1.24 and 1.32 give the standard ones).
+ORT_FLAVOUR_MIN = (1, 20)
+
+
+def runs_ort_flavour(onnxruntime_version: str) -> bool:
+    """Whether this onnxruntime release may run "ort" flavour graphs."""
+    parts = []
+    for piece in onnxruntime_version.split(".")[:2]:
+        digits = "".join(c for c in piece if c.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts) >= ORT_FLAVOUR_MIN
 POSITION_IDS = "position_ids"
 LOGITS = "logits"
 

@@ -80,11 +80,18 @@ def export_bundle(config: ExportConfig) -> Manifest:
 
 def choose_graph(config: ExportConfig) -> tuple[str, str]:
     """The graph flavour to write, and why (contract.py has what each one is)."""
+    import onnxruntime as ort
+
+    if config.graph == contract.ORT and not contract.runs_ort_flavour(ort.__version__):
+        raise ConfigError(f"--graph ort needs onnxruntime >= "
+                          f"{'.'.join(map(str, contract.ORT_FLAVOUR_MIN))} (found "
+                          f"{ort.__version__}). ---> HINT: pip install -U onnxruntime.")
     if config.graph != "auto":
         return config.graph, "--graph"
     if config.engines == "trt":
         return contract.STANDARD, "TensorRT engines take standard ONNX"
-    import onnxruntime as ort
+    if not contract.runs_ort_flavour(ort.__version__):
+        return contract.STANDARD, f"onnxruntime {ort.__version__} is too old for the ort flavour"
 
     if "CUDAExecutionProvider" in ort.get_available_providers():
         return contract.STANDARD, "onnxruntime has CUDA here; the ort flavour is CPU-only"
@@ -151,13 +158,15 @@ def _entry(root: Path, loaded: LoadedModel, traced: TracedModel,
 
 def _build_info(config: ExportConfig) -> dict:
     import onnx
+    import onnxruntime
     import torch
     import transformers
 
     return {"toolkit": __version__, "created": strftime("%Y-%m-%dT%H:%M:%S%z"),
             "dtype": config.dtype, "opset": OPSET, "python": platform.python_version(),
             "torch": torch.__version__, "transformers": transformers.__version__,
-            "onnx": onnx.__version__, "engines": config.engines, "command": " ".join(sys.argv)}
+            "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
+            "engines": config.engines, "command": " ".join(sys.argv)}
 
 
 class _Progress:

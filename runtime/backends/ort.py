@@ -55,6 +55,17 @@ def _binders(binding, device: str, device_id: int):
             lambda name, dtype, shape, ptr: raw.bind_output(name, where, dtype, shape, ptr))
 
 
+def _check_flavour(name: str, entry: ModelEntry) -> None:
+    import onnxruntime as ort
+
+    if entry.graph == contract.ORT and not contract.runs_ort_flavour(ort.__version__):
+        need = ".".join(map(str, contract.ORT_FLAVOUR_MIN))
+        raise BackendError(f"the {name} graph is the 'ort' flavour, which onnxruntime "
+                           f"{ort.__version__} runs wrongly (it needs {need} or newer). ---> "
+                           f"HINT: pip install -U 'onnxruntime>={need}', or re-export with "
+                           f"ssd-export --graph standard.")
+
+
 class OrtCpuSession:
     """A model on ONNX Runtime's CPU provider with IOBinding over numpy arenas."""
 
@@ -65,12 +76,17 @@ class OrtCpuSession:
                  max_new_len: int, threads: int | None = None) -> None:
         self.name, self.entry, self.threads = name, entry, threads
         self.max_context, self.max_new_len = max_context, max_new_len
+        _check_flavour(name, entry)
         try:
             self.session = self._open(path, threads)
         except BackendError:
             raise
         except Exception as exc:  # ORT raises its own exception types
-            raise BackendError(f"ONNX Runtime cannot load {path}: {exc}") from None
+            hint = (" ---> HINT: this graph is the 'ort' flavour (ONNX Runtime's "
+                    "GroupQueryAttention contrib op): use the onnxruntime it was exported with "
+                    "(the manifest's build.onnxruntime) or newer, or re-export with "
+                    "ssd-export --graph standard." if entry.graph == contract.ORT else "")
+            raise BackendError(f"ONNX Runtime cannot load {path}: {exc}{hint}") from None
         self._check_io()
         self.kv_dtype = _DTYPES[entry.kv_dtype]
         self.row_bytes = entry.num_kv_heads * entry.head_dim * np.dtype(self.kv_dtype).itemsize

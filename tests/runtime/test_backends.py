@@ -118,6 +118,20 @@ def test_the_cuda_session_refuses_an_ort_flavour_graph(bundle_factory):
         OrtCudaSession("target", gen.root / m.target.path, m.target, m.max_context, 10, 1)
 
 
+def test_onnxruntime_too_old_for_the_ort_flavour_is_refused_naming_both_fixes(bundle_factory,
+                                                                             monkeypatch):
+    from ssd_runtime import contract
+
+    assert contract.runs_ort_flavour("1.20.0") and contract.runs_ort_flavour("1.32.0")
+    assert contract.runs_ort_flavour("1.21.0.dev20250101")
+    assert not contract.runs_ort_flavour("1.19.2") and not contract.runs_ort_flavour("1.18.1")
+    bundle = bundle_factory("llama", "llama_cut")
+    monkeypatch.setattr("onnxruntime.__version__", "1.19.2")
+    with pytest.raises(BackendError, match=r"'ort' flavour, which onnxruntime 1\.19\.2 runs "
+                                           r"wrongly.*onnxruntime>=1\.20.*--graph standard"):
+        Generator.load(bundle)
+
+
 # --- the real machine (CI has no GPU) ---------------------------------------------------
 
 needs_no_gpu_stack = pytest.mark.skipif(
