@@ -14,6 +14,7 @@ where the modules are and how a layer connects them.
 from __future__ import annotations
 
 import torch
+from ssd_runtime import contract
 from ssd_runtime.errors import ConfigError
 from torch import nn
 
@@ -23,7 +24,7 @@ from .positions import Rope, alibi_bias, alibi_slopes
 
 
 class Decoder(nn.Module):
-    def __init__(self, model: nn.Module, adapter: Adapter, flavour: str = "standard",
+    def __init__(self, model: nn.Module, adapter: Adapter, flavour: str = contract.STANDARD,
                  max_context: int = 0) -> None:
         super().__init__()
         self.flavour = flavour
@@ -43,7 +44,7 @@ class Decoder(nn.Module):
         self.heads = Heads(num_heads, num_kv_heads, int(getattr(attn[0], a.head_dim)))
         self.scalings = [float(getattr(m, a.scaling)) for m in attn]   # GPT-2 may scale per layer
         self.windows = sliding_windows(config)
-        if flavour == "ort":
+        if flavour == contract.ORT:
             self._init_ort(max_context)
         if a.positions == "alibi":
             slopes = alibi_slopes(num_heads).view(num_kv_heads, self.heads.groups)  # (Hkv, G)
@@ -66,7 +67,7 @@ class Decoder(nn.Module):
             x = self.project_in(x)                                  # (B, T, H)
         if self.pos_embed is not None:                              # learned absolute positions
             x = x + nn.functional.embedding(position_ids + a.pos_offset, self.pos_embed.weight)
-        if self.flavour == "ort":
+        if self.flavour == contract.ORT:
             return self._forward_ort(x, position_ids, past)
         cos_sin = self.rope.tables(position_ids, x.dtype) if self.rope is not None else None
         past_len = past[0].shape[1]
