@@ -53,6 +53,18 @@ def test_adaptive_tracks_alpha():
     assert AdaptiveK(cpu_like(), 8, sched.learnt).next_k() == 0
 
 
+def test_acceptance_learns_per_place_in_the_round():
+    learnt = Acceptance()
+    for _ in range(60):     # middling tokens fail first in a round and pass after accepted ones
+        learnt.observe(1, 0, [0.55])
+        learnt.observe(4, 4, [0.95, 0.95, 0.55, 0.55])
+    tenth = learnt.chance(0.55)
+    assert learnt.chance(0.55, 0) < tenth - 0.2 and learnt.chance(0.55, 2) > tenth + 0.2
+    assert learnt.chance(0.55, 3) == learnt.chance(0.55, 2)      # places 3rd-4th share a bucket
+    fresh = Acceptance()
+    assert fresh.chance(0.55, 5) == pytest.approx(fresh.chance(0.55))   # no data: the tenth
+
+
 def test_acceptance_learns_per_confidence():
     learnt = Acceptance()
     for _ in range(40):     # confident tokens (top 0.95) survive, unsure ones (0.3) do not
