@@ -97,13 +97,15 @@ class OrtCpuSession:
         self._bind_in, self._bind_out = _binders(self.binding, self.device, self.device_id)
         # what the decode loop binds on every call, worked out once: graph names and arena
         # addresses per layer (the arenas never move), and the ids/positions/logits addresses
-        self.in_place, self._kv_bound = entry.graph == contract.ORT, False
+        self.in_place = entry.graph == contract.ORT
         self.layers = [(contract.past_key(i), contract.past_value(i),
                         *contract.kv_output_names(i, entry.graph), *self._kv_ptrs(i))
                        for i in range(entry.num_layers)]
         self._ids_ptr, self._pos_ptr = self.ids.ctypes.data, self.positions.ctypes.data
         self._logits_addr = self._logits_ptr()
         self.logits_dtype = _DTYPES[entry.logits_dtype]
+        if self.in_place:
+            self._bind_whole_caches()
 
     def _open(self, path: Path, threads: int | None):
         import onnxruntime as ort
@@ -154,36 +156,42 @@ class OrtCpuSession:
                                f"max_context {self.max_context}.")
         self.ids[0, :n] = token_ids
         self.positions[0, :n] = np.arange(past_len, past_len + n)
-        bind_in, bind_out, kv_type, e = self._bind_in, self._bind_out, self.kv_dtype, self.entry
         if not self.in_place:
-            self.binding.clear_binding_inputs()
-            self.binding.clear_binding_outputs()
-        elif not self._kv_bound:
-            # the whole caches, as past and present: the same names, shapes and addresses on
-            # every call, so bound once; a bind of the same name below replaces only that one
-            whole = self.arena_shape
-            for past_k, past_v, present_k, present_v, k_ptr, v_ptr in self.layers:
-                bind_in(past_k, kv_type, whole, k_ptr)
-                bind_in(past_v, kv_type, whole, v_ptr)
-                bind_out(present_k, kv_type, whole, k_ptr)
-                bind_out(present_v, kv_type, whole, v_ptr)
-            self._kv_bound = True
+            self._bind_rows(past_len, n)
+        bind_in, bind_out, e = self._bind_in, self._bind_out, self.entry
         bind_in(contract.INPUT_IDS, np.int64, (1, n), self._ids_ptr)
         bind_in(contract.POSITION_IDS, np.int64, (1, n), self._pos_ptr)
-        past_shape = (1, past_len, e.num_kv_heads, e.head_dim)
-        new_shape = (1, n, e.num_kv_heads, e.head_dim)
-        offset = past_len * self.row_bytes
-        for past_k, past_v, new_k, new_v, k_ptr, v_ptr in () if self.in_place else self.layers:
-            # past = rows [0, past_len) of the arena; new rows land at [past_len, past_len + n)
-            bind_in(past_k, kv_type, past_shape, k_ptr)
-            bind_in(past_v, kv_type, past_shape, v_ptr)
-            bind_out(new_k, kv_type, new_shape, k_ptr + offset)
-            bind_out(new_v, kv_type, new_shape, v_ptr + offset)
         if logits_out:
             bind_out(contract.LOGITS, self.logits_dtype, (1, n, e.vocab_size), self._logits_addr)
         else:
             self.binding.bind_output(contract.LOGITS, self.device, self.device_id)
         self.session.run_with_iobinding(self.binding)
+
+    def _bind_rows(self, past_len: int, n: int) -> None:
+        """Standard graph: the past is rows [0, past_len) of each arena, and the new rows land
+        at [past_len, past_len + n) of the same buffer; rebound on every call."""
+        self.binding.clear_binding_inputs()
+        self.binding.clear_binding_outputs()
+        bind_in, bind_out, kv_type, e = self._bind_in, self._bind_out, self.kv_dtype, self.entry
+        past_shape = (1, past_len, e.num_kv_heads, e.head_dim)
+        new_shape = (1, n, e.num_kv_heads, e.head_dim)
+        offset = past_len * self.row_bytes
+        for past_k, past_v, new_k, new_v, k_ptr, v_ptr in self.layers:
+            bind_in(past_k, kv_type, past_shape, k_ptr)
+            bind_in(past_v, kv_type, past_shape, v_ptr)
+            bind_out(new_k, kv_type, new_shape, k_ptr + offset)
+            bind_out(new_v, kv_type, new_shape, v_ptr + offset)
+
+    def _bind_whole_caches(self) -> None:
+        """The ort graph: each whole cache as both past and present. Names, shapes and addresses
+        never change, so this is done once; a call binds only ids, positions and logits, which
+        replace their own earlier bindings."""
+        whole, kv_type = self.arena_shape, self.kv_dtype
+        for past_k, past_v, present_k, present_v, k_ptr, v_ptr in self.layers:
+            self._bind_in(past_k, kv_type, whole, k_ptr)
+            self._bind_in(past_v, kv_type, whole, v_ptr)
+            self._bind_out(present_k, kv_type, whole, k_ptr)
+            self._bind_out(present_v, kv_type, whole, v_ptr)
 
     def _check_io(self) -> None:
         found_in = [i.name for i in self.session.get_inputs()]
