@@ -16,6 +16,7 @@ GRAPHS = (STANDARD, ORT)
 # The oldest onnxruntime that runs the "ort" flavour right: 1.18 and 1.19 load it and give
 # other tokens (measured on the demo pair; 1.20, 1.22, 1.24 and 1.32 give the standard ones).
 ORT_FLAVOUR_MIN = (1, 20)
+ORT_FLAVOUR_MIN_TEXT = ".".join(map(str, ORT_FLAVOUR_MIN))
 
 
 def runs_ort_flavour(onnxruntime_version: str) -> bool:

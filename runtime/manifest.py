@@ -82,6 +82,11 @@ class Manifest:
     format: str = FORMAT
     schema_version: int = SCHEMA_VERSION
 
+    @property
+    def cpu_only(self) -> bool:
+        """A model's graph is the "ort" flavour: no TensorRT engines, no ORT CUDA."""
+        return contract.ORT in (self.target.graph, self.draft.graph)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -13,7 +13,6 @@ from pathlib import Path
 from time import perf_counter, strftime
 from typing import Literal
 
-from ssd_runtime import contract
 from ssd_runtime.backends.ort import PREFILL_CHUNK
 from ssd_runtime.backends.trt import probe_tensorrt
 from ssd_runtime.engines import GpuInfo, Profile, engine_folder, engine_profiles
@@ -40,17 +39,12 @@ def require_tensorrt(what: str, hint: str = TRT_HINT) -> tuple[str, GpuInfo]:
 
 
 def decide_engines(mode: Engines, tensorrt_problem: str, blocking: list,
-                   output: Path, graph: str = contract.STANDARD
-                   ) -> tuple[Literal["build", "skip"], str]:
+                   output: Path) -> tuple[Literal["build", "skip"], str]:
     """Build, or skip saying why; raise for --engines trt when building cannot work.
     `tensorrt_problem` is "" when TensorRT and a GPU are here; `blocking` holds the
-    decoder graphs' lint errors; `graph` is the flavour written (pipeline.choose_graph
-    never pairs "ort" with --engines trt)."""
+    decoder graphs' lint errors."""
     if mode == "none":
         return "skip", "engines: none (--engines none)"
-    if graph == contract.ORT:
-        return "skip", ("engines: none for the 'ort' graph flavour (ONNX Runtime CPU); export "
-                        "with --graph standard for TensorRT")
     if tensorrt_problem:
         if mode == "trt":
             raise ConfigError(f"--engines trt needs TensorRT 10 and an NVIDIA GPU: "
@@ -70,8 +64,9 @@ def export_engines(root: Path, manifest: Manifest, mode: Engines, precision: str
                    output: Path) -> list[EngineEntry]:
     """The exporter's engines stage: lint the graphs, then build, skip or refuse.
     `root` is the staging folder that becomes `output`."""
-    if manifest.target.graph == contract.ORT:
-        log.print(f"    {decide_engines(mode, '', [], output, contract.ORT)[1]}")
+    if manifest.cpu_only:             # pipeline.choose_graph never pairs it with --engines trt
+        log.print("    engines: none for the 'ort' graph flavour (ONNX Runtime CPU); export "
+                  "with --graph standard for TensorRT")
         return []
     with log.stage("TensorRT lint of the graphs"):
         blocking = lint_bundle(root, manifest, log.print)
@@ -155,8 +150,7 @@ def add_engines(root: Path, precision: str, version_compatible: bool, force: boo
                 say=print) -> Manifest:
     """ssd-build-engines: verify the bundle, lint, build, and rewrite its manifest."""
     manifest = read_manifest(root, verify=True)
-    flavours = {getattr(manifest, m).graph for m in MODELS}
-    if flavours != {contract.STANDARD}:
+    if manifest.cpu_only:
         raise ConfigError(f"{root}: the graphs are the 'ort' flavour, built for ONNX Runtime's "
                           f"CPU kernels; TensorRT takes only standard ONNX. ---> HINT: re-export "
                           f"with ssd-export --graph standard (or --engines trt) for TensorRT.")

@@ -84,7 +84,7 @@ def choose_graph(config: ExportConfig) -> tuple[str, str]:
 
     if config.graph == contract.ORT and not contract.runs_ort_flavour(ort.__version__):
         raise ConfigError(f"--graph ort needs onnxruntime >= "
-                          f"{'.'.join(map(str, contract.ORT_FLAVOUR_MIN))} (found "
+                          f"{contract.ORT_FLAVOUR_MIN_TEXT} (found "
                           f"{ort.__version__}). ---> HINT: pip install -U onnxruntime.")
     if config.graph != "auto":
         return config.graph, "--graph"

@@ -14,7 +14,6 @@ from time import perf_counter
 
 import numpy as np
 
-from .. import contract
 from ..errors import BackendError, ConfigError
 from ..manifest import Manifest, ModelEntry
 from .base import ModelSession
@@ -67,10 +66,9 @@ def probe(manifest: Manifest, requested: str) -> Facts:
     import onnxruntime as ort
 
     providers = tuple(ort.get_available_providers())
-    cpu_only = contract.ORT in (manifest.target.graph, manifest.draft.graph)
-    if requested not in ("auto", "trt") or cpu_only:
+    if requested not in ("auto", "trt") or manifest.cpu_only:
         return Facts(ort_providers=providers, engines=tuple(manifest.engines),
-                     cpu_only_graph=cpu_only)
+                     cpu_only_graph=manifest.cpu_only)
     from .trt import probe_tensorrt
 
     version, gpu, problem = probe_tensorrt()

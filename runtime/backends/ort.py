@@ -59,7 +59,7 @@ def _check_flavour(name: str, entry: ModelEntry) -> None:
     import onnxruntime as ort
 
     if entry.graph == contract.ORT and not contract.runs_ort_flavour(ort.__version__):
-        need = ".".join(map(str, contract.ORT_FLAVOUR_MIN))
+        need = contract.ORT_FLAVOUR_MIN_TEXT
         raise BackendError(f"the {name} graph is the 'ort' flavour, which onnxruntime "
                            f"{ort.__version__} runs wrongly (it needs {need} or newer). ---> "
                            f"HINT: pip install -U 'onnxruntime>={need}', or re-export with "
