@@ -53,16 +53,10 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
     """
     B, T, _ = h.shape
     Hkv, G, D = heads.num_kv_heads, heads.groups, heads.head_dim
-    if ort is not None and ort.do_rotary and ort.packed is not None:
-        # one projection into [q | k | v], which the kernel reads packed and rotates itself
+    if ort is not None and ort.packed is not None:
+        # one projection into [q | k | v], which the kernel reads packed (and rotates itself)
         return _ort_attention(attn, a, heads, scaling, h, ort.packed(h), None, None, past_k,
                               past_v, ort)
-    if ort is not None and ort.do_rotary and (a.qkv is None or a.qkv_layout == "split"):
-        # the kernel does RoPE and reads (B, T, n·D) as projected: no reshapes around it
-        q, k, v = ((getattr(attn, a.q)(h), getattr(attn, a.k)(h), getattr(attn, a.v)(h))
-                   if a.qkv is None else getattr(attn, a.qkv)(h).split(
-                       (heads.num_heads * D, Hkv * D, Hkv * D), dim=-1))
-        return _ort_attention(attn, a, heads, scaling, h, q, k, v, past_k, past_v, ort)
     q, k, v = _project(attn, a, heads, h)                           # (B, T, H|Hkv, D)
     if a.q_norm is not None:
         q = getattr(attn, a.q_norm)(q)
@@ -96,7 +90,8 @@ class OrtAttention:
     sin_cache: torch.Tensor
     do_rotary: bool
     window: int                      # 0: none
-    packed: nn.Module | None = None  # q, k and v as one projection ([q | k | v]), if built
+    packed: nn.Module | None = None  # q, k and v as one projection [q | k | v], where nothing
+                                     # (norm, RoPE outside the kernel) sits between them and it
 
 
 def _ort_attention(attn, a: Adapter, heads: Heads, scaling: float, h, q, k, v, cache_k, cache_v,

@@ -116,8 +116,10 @@ class Decoder(nn.Module):
         else:
             self.register_buffer("cos_cache", torch.zeros(1, 1), persistent=False)
             self.register_buffer("sin_cache", torch.zeros(1, 1), persistent=False)
-        # separate q, k, v Linears become one packed projection (three MatMuls -> one)
-        self.packed = nn.ModuleList(_packed_qkv(getattr(layer, a.attn), a) if self.ort_rotary
+        # q, k, v as one packed projection (three MatMuls -> one) where nothing sits between
+        # the projection and the kernel: no q/k norm, RoPE in the kernel or no RoPE at all
+        direct = a.q_norm is None and (self.ort_rotary or self.rope is None)
+        self.packed = nn.ModuleList(_packed_qkv(getattr(layer, a.attn), a) if direct
                                     else nn.Identity() for layer in self.layers)
 
     def _forward_ort(self, x: torch.Tensor, position_ids: torch.Tensor, caches) -> tuple:
@@ -173,10 +175,10 @@ class Decoder(nn.Module):
 
 
 def _packed_qkv(attn: nn.Module, a: Adapter) -> nn.Module:
-    """One Linear computing [q | k | v] from separate q, k, v Linears; Identity if they are
-    not all plain Linears (GPT-2's Conv1D, fused layouts)."""
+    """The module computing [q | k | v]: a fused projection in that layout as it is, one Linear
+    built from separate q, k, v Linears, else Identity (the grouped layout; other modules)."""
     if a.qkv is not None:
-        return nn.Identity()
+        return getattr(attn, a.qkv) if a.qkv_layout == "split" else nn.Identity()
     parts = [getattr(attn, name) for name in (a.q, a.k, a.v)]
     if not all(type(p) is nn.Linear for p in parts):
         return nn.Identity()
