@@ -268,9 +268,13 @@ def _rate(v: Variant, secs: Callable[[Sample], float | None]) -> float | None:
 def _greedy(v: Variant, ref: Variant | None) -> dict | None:
     if ref is None or ref is v or not v.samples or len(ref.samples) != len(v.samples):
         return None
-    diffs = [None if a.ids == b.ids else next(
-        (i for i, (x, y) in enumerate(zip(a.ids, b.ids)) if x != y), min(len(a.ids), len(b.ids)))
-        for a, b in zip(v.samples, ref.samples)]
+    return _agreement([s.ids for s in v.samples], [s.ids for s in ref.samples])
+
+
+def _agreement(runs: list[list[int]], refs: list[list[int]]) -> dict:
+    """How many runs equal their reference run, and where each first differs (None: equal)."""
+    diffs = [None if a == b else next((i for i, (x, y) in enumerate(zip(a, b)) if x != y),
+                                      min(len(a), len(b))) for a, b in zip(runs, refs)]
     return {"equal": diffs.count(None), "of": len(diffs), "first_diff": diffs}
 
 
@@ -433,7 +437,8 @@ def main(argv: list[str] | None = None) -> int:
                 notes.append(f"GenAI not loadable at {t} threads: {type(exc).__name__}: {exc}")
         measure(variants, prompts, args.max_new_tokens, args.repeats, notes)
         rows += summarise(t, variants)
-    report = {"target": str(target), "draft": str(draft), "bundle": str(bundle),
+    report = {"target": str(target), "draft": str(draft),
+              "bundle": str(bundle) if bundle else None,
               "workdir": str(workdir), "genai_model": str(genai_root) if genai_root else None,
               "max_new_tokens": args.max_new_tokens, "threads": threads, "repeats": args.repeats,
               "prompt_tokens": [len(p) for p in prompts], "versions": versions(),
@@ -490,11 +495,8 @@ def _greedy_across(rows: list[dict]) -> list[dict]:
         hf = ref.get(r["threads"])
         if hf is None or r is hf or len(hf["runs"]) != len(r["runs"]):
             continue
-        diffs = [None if a["ids"] == b["ids"] else next(
-            (i for i, (x, y) in enumerate(zip(a["ids"], b["ids"])) if x != y),
-            min(len(a["ids"]), len(b["ids"]))) for a, b in zip(r["runs"], hf["runs"])]
-        r["greedy_vs_hf_target"] = {"equal": diffs.count(None), "of": len(diffs),
-                                    "first_diff": diffs}
+        r["greedy_vs_hf_target"] = _agreement([run["ids"] for run in r["runs"]],
+                                              [run["ids"] for run in hf["runs"]])
     return rows
 
 
