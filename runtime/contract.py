@@ -13,19 +13,41 @@ INPUT_IDS = "input_ids"
 # CPU provider only. Both read the same input_ids / position_ids and give the same logits.
 STANDARD, ORT = "standard", "ort"
 GRAPHS = (STANDARD, ORT)
-# The oldest onnxruntime that runs the "ort" flavour right: 1.18 and 1.19 load it and give
-# other tokens (measured on the demo pair; 1.20, 1.22, 1.24 and 1.32 give the standard ones).
+# Weights: "none" (as exported), or weight-only quantized MatMuls ("int8", "int4": ONNX
+# Runtime's MatMulNBits contrib op, CPU provider only). Only the draft is ever quantized: it
+# changes how many draft tokens are accepted, never the output.
+NO_QUANT = "none"
+QUANTS = (NO_QUANT, "int8", "int4")
+# The oldest onnxruntime that runs each of them right, measured on the demo pair: 1.18 and 1.19
+# load the "ort" flavour and give other tokens (1.20 onwards give the standard graph's);
+# 1.20 and 1.21 refuse 8-bit MatMulNBits ("Only 4b quantization is supported"), 1.22 runs it
+# as 1.32 does; 4-bit gives 1.32's logits from 1.20 on.
 ORT_FLAVOUR_MIN = (1, 20)
+QUANT_MIN = {"int4": (1, 20), "int8": (1, 22)}
 ORT_FLAVOUR_MIN_TEXT = ".".join(map(str, ORT_FLAVOUR_MIN))
+
+
+def version_tuple(onnxruntime_version: str) -> tuple[int, int]:
+    parts = []
+    for piece in (onnxruntime_version.split(".") + ["0"])[:2]:
+        digits = "".join(c for c in piece if c.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return parts[0], parts[1]
 
 
 def runs_ort_flavour(onnxruntime_version: str) -> bool:
     """Whether this onnxruntime release may run "ort" flavour graphs."""
-    parts = []
-    for piece in onnxruntime_version.split(".")[:2]:
-        digits = "".join(c for c in piece if c.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts) >= ORT_FLAVOUR_MIN
+    return version_tuple(onnxruntime_version) >= ORT_FLAVOUR_MIN
+
+
+def oldest_onnxruntime(graph: str, quant: str) -> tuple[tuple[int, int], str] | None:
+    """The oldest onnxruntime a graph with this flavour and these weights needs, and what needs
+    it; None when any release does."""
+    needs = ([(ORT_FLAVOUR_MIN, "the 'ort' graph flavour")] if graph == ORT else []) + \
+        ([(QUANT_MIN[quant], f"{quant} weights")] if quant in QUANT_MIN else [])
+    return max(needs) if needs else None
+
+
 POSITION_IDS = "position_ids"
 LOGITS = "logits"
 

@@ -15,7 +15,8 @@ from . import contract
 from .errors import BundleError
 
 FORMAT = "ssd-bundle"
-SCHEMA_VERSION = 2          # 2: models carry "graph" (flavour); 1 reads as "standard"
+SCHEMA_VERSION = 3          # 2: models carry "graph" (flavour); 1 reads as "standard"
+                            # 3: models carry "quant" (weights); 1 and 2 read as "none"
 MANIFEST_NAME = "manifest.json"
 _HINT = "---> HINT: re-run ssd-export to rebuild the bundle."
 
@@ -38,6 +39,15 @@ class ModelEntry:
     parameters: int = 0
     parity: dict[str, float] = field(default_factory=dict)
     graph: str = "standard"   # contract.GRAPHS: "standard" (any backend) or "ort" (ORT CPU)
+    quant: str = "none"       # contract.QUANTS: "none", or weight-only "int8"/"int4" (ORT CPU)
+    quant_agreement: float | None = None   # top-1 agreement with the float graph, if quantized
+
+    @property
+    def cpu_only(self) -> str:
+        """What makes this graph CPU-only ("" if nothing): the "ort" flavour, quantized weights."""
+        what = (["the 'ort' graph flavour"] if self.graph == contract.ORT else []) + \
+            ([f"{self.quant} weights"] if self.quant != contract.NO_QUANT else [])
+        return " with ".join(what)
 
 
 @dataclass(frozen=True)
@@ -83,9 +93,12 @@ class Manifest:
     schema_version: int = SCHEMA_VERSION
 
     @property
-    def cpu_only(self) -> bool:
-        """A model's graph is the "ort" flavour: no TensorRT engines, no ORT CUDA."""
-        return contract.ORT in (self.target.graph, self.draft.graph)
+    def cpu_only(self) -> str:
+        """Why the bundle runs on ONNX Runtime's CPU kernels only (no TensorRT engines, no ORT
+        CUDA), or "" when it does not."""
+        why = [f"the {role} is {entry.cpu_only}" for role, entry in
+               (("target", self.target), ("draft", self.draft)) if entry.cpu_only]
+        return f"{' and '.join(why)}, built for ONNX Runtime's CPU kernels" if why else ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,6 +134,9 @@ class Manifest:
             if entry.graph not in contract.GRAPHS:
                 raise BundleError(f"{where}: models.{role}.graph is {entry.graph!r}, expected one "
                                   f"of {list(contract.GRAPHS)}. {_HINT}")
+            if entry.quant not in contract.QUANTS:
+                raise BundleError(f"{where}: models.{role}.quant is {entry.quant!r}, expected one "
+                                  f"of {list(contract.QUANTS)}. {_HINT}")
         return manifest
 
 

@@ -40,6 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "ORT CPU); ort uses ONNX Runtime's GroupQueryAttention kernel with the KV "
                         "cache updated in place, faster on ORT CPU and CPU-only; auto (default) "
                         "is ort unless TensorRT engines are built or onnxruntime has CUDA here")
+    p.add_argument("--draft-quant", choices=("auto", "none", "int8", "int4"), default="auto",
+                   help="the draft's weights: int8/int4 weight-only quantization (ONNX Runtime "
+                        "MatMulNBits, CPU-only) makes its steps cheaper and never changes the "
+                        "output, only how many draft tokens are accepted; auto (default) is int8 "
+                        "when the graphs are the ort flavour and the int8 draft agrees with the "
+                        "float one on >= 97%% of its tokens, else none")
     p.add_argument("--force", action="store_true", help="replace an existing --output")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--list-architectures", action="store_true",
@@ -63,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                           max_context=args.max_context, max_draft=args.max_draft,
                           dtype=args.dtype, force=args.force, quiet=args.quiet,
                           engines=args.engines, engine_precision=args.engine_precision,
-                          graph=args.graph)
+                          graph=args.graph, draft_quant=args.draft_quant)
     try:
         from .pipeline import export_bundle
     except ImportError as exc:

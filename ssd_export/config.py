@@ -10,6 +10,7 @@ from ssd_runtime.engines import Precision
 DType = Literal["float32", "float16"]
 Engines = Literal["trt", "none", "auto"]       # auto: build when TensorRT and a GPU are here
 Graph = Literal["auto", "standard", "ort"]     # auto: "ort" unless the bundle is for a GPU
+Quant = Literal["auto", "none", "int8", "int4"]   # the draft's weights; auto: int8 on a CPU bundle
 DEFAULT_MAX_CONTEXT = 2048
 
 
@@ -26,3 +27,4 @@ class ExportConfig:
     engines: Engines = "auto"
     engine_precision: Precision = "fp16"
     graph: Graph = "auto"
+    draft_quant: Quant = "auto"

@@ -64,9 +64,9 @@ def export_engines(root: Path, manifest: Manifest, mode: Engines, precision: str
                    output: Path) -> list[EngineEntry]:
     """The exporter's engines stage: lint the graphs, then build, skip or refuse.
     `root` is the staging folder that becomes `output`."""
-    if manifest.cpu_only:             # pipeline.choose_graph never pairs it with --engines trt
-        log.print("    engines: none for the 'ort' graph flavour (ONNX Runtime CPU); export "
-                  "with --graph standard for TensorRT")
+    if manifest.cpu_only:             # the pipeline never pairs it with --engines trt
+        log.print(f"    engines: none: {manifest.cpu_only}; export with --graph standard "
+                  f"--draft-quant none for TensorRT")
         return []
     with log.stage("TensorRT lint of the graphs"):
         blocking = lint_bundle(root, manifest, log.print)
@@ -151,9 +151,9 @@ def add_engines(root: Path, precision: str, version_compatible: bool, force: boo
     """ssd-build-engines: verify the bundle, lint, build, and rewrite its manifest."""
     manifest = read_manifest(root, verify=True)
     if manifest.cpu_only:
-        raise ConfigError(f"{root}: the graphs are the 'ort' flavour, built for ONNX Runtime's "
-                          f"CPU kernels; TensorRT takes only standard ONNX. ---> HINT: re-export "
-                          f"with ssd-export --graph standard (or --engines trt) for TensorRT.")
+        raise ConfigError(f"{root}: {manifest.cpu_only}; TensorRT takes only standard ONNX "
+                          f"without quantized weights. ---> HINT: re-export with ssd-export "
+                          f"--graph standard --draft-quant none (or --engines trt) for TensorRT.")
     found = require_tensorrt("ssd-build-engines", "---> HINT: run it on the machine with the "
                              "NVIDIA GPU, with TensorRT installed (pip install 'ssd-toolkit[trt]',"
                              " or JetPack's TensorRT and pip install cuda-python on Jetson).")

@@ -44,7 +44,7 @@ def check_parity(model: Any, onnx_path: Path, role: str, max_draft: int, dtype: 
     ref_logits = out.logits.float().numpy()                                  # (1, S, V)
     ref_kv = _hf_cache(out["cache"] if "cache" in out else out.get("past_key_values"), total)
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-    n_layers = len([i for i in session.get_inputs() if i.name.startswith("past_key.")])
+    n_layers = _layers(session)
     worst: dict[str, float] = {"logits": 0.0, "new_key": 0.0, "new_value": 0.0}
     abs_tol, rel_tol = _TOLERANCE[dtype]
     for past_len, new_len in cases:
@@ -73,6 +73,18 @@ def check_parity(model: Any, onnx_path: Path, role: str, max_draft: int, dtype: 
         for k, v in diffs.items():
             worst[k] = max(worst[k], v)
     return worst
+
+
+def run_whole(session, ids: np.ndarray, graph: str, dtype: str) -> np.ndarray:
+    """Logits (1, S, V) of the graph over `ids` from an empty cache, as float32."""
+    n_layers = _layers(session)
+    if graph == contract.ORT:
+        return _run_in_place(session, ids, 0, ids.shape[1], n_layers, dtype, ids.shape[1])[0]
+    return _run(session, ids, 0, None, n_layers, dtype)[0]
+
+
+def _layers(session) -> int:
+    return len([i for i in session.get_inputs() if i.name.startswith("past_key.")])
 
 
 def _run(session, ids: np.ndarray, past_len: int, past: list[np.ndarray] | None, n_layers: int,

@@ -24,6 +24,7 @@ from .engines import export_engines, require_tensorrt
 from .loading import LoadedModel, check_architecture, load_model
 from .pair import added_ids, check_vocabularies, eos_ids
 from .parity import check_parity
+from .quantize import QUANTS, check_request, quantize_draft
 
 
 def export_bundle(config: ExportConfig) -> Manifest:
@@ -39,7 +40,12 @@ def export_bundle(config: ExportConfig) -> Manifest:
         if config.graph == contract.ORT:
             raise ConfigError("--graph ort cannot go with --engines trt: TensorRT takes only "
                               "standard ONNX. ---> HINT: drop --graph (or use --graph standard).")
+        if config.draft_quant in QUANTS:
+            raise ConfigError(f"--draft-quant {config.draft_quant} cannot go with --engines trt: "
+                              f"the quantized MatMuls are ONNX Runtime CPU kernels. ---> HINT: "
+                              f"drop --draft-quant (or use --draft-quant none).")
         require_tensorrt("--engines trt")
+    check_request(config.draft_quant)
     graph, why = choose_graph(config)
     log.print(f"    graph flavour: {graph} ({why})")
 
@@ -55,13 +61,16 @@ def export_bundle(config: ExportConfig) -> Manifest:
         for loaded in (target, draft):
             traced[loaded.role], parity[loaded.role] = _trace_checked(
                 loaded, root / loaded.role / "model.onnx", max_context, config, graph, log)
+        quant, agreement = quantize_draft(traced["draft"], config.draft_quant, config.dtype,
+                                          max_context, log)
         with log.stage("write heads and tokenizer"):
             heads = {name: f"heads/{file}" for name, file in write_heads(root / "heads").items()}
             target.tokenizer.save_pretrained(root / "tokenizer")
         manifest = Manifest(
             max_context=max_context, max_draft=config.max_draft,
             target=_entry(root, target, traced["target"], parity["target"]),
-            draft=_entry(root, draft, traced["draft"], parity["draft"]),
+            draft=replace(_entry(root, draft, traced["draft"], parity["draft"]), quant=quant,
+                          quant_agreement=agreement),
             tokenizer=TokenizerEntry(
                 path="tokenizer/tokenizer.json", prefix_ids=prefix, suffix_ids=suffix,
                 eos_token_ids=eos_ids(target.model, target.tokenizer),

@@ -68,7 +68,7 @@ def probe(manifest: Manifest, requested: str) -> Facts:
     providers = tuple(ort.get_available_providers())
     if requested not in ("auto", "trt") or manifest.cpu_only:
         return Facts(ort_providers=providers, engines=tuple(manifest.engines),
-                     cpu_only_graph=manifest.cpu_only)
+                     cpu_only=manifest.cpu_only)
     from .trt import probe_tensorrt
 
     version, gpu, problem = probe_tensorrt()

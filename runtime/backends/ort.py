@@ -55,15 +55,16 @@ def _binders(binding, device: str, device_id: int):
             lambda name, dtype, shape, ptr: raw.bind_output(name, where, dtype, shape, ptr))
 
 
-def _check_flavour(name: str, entry: ModelEntry) -> None:
+def _check_onnxruntime(name: str, entry: ModelEntry) -> None:
     import onnxruntime as ort
 
-    if entry.graph == contract.ORT and not contract.runs_ort_flavour(ort.__version__):
-        need = contract.ORT_FLAVOUR_MIN_TEXT
-        raise BackendError(f"the {name} graph is the 'ort' flavour, which onnxruntime "
-                           f"{ort.__version__} runs wrongly (it needs {need} or newer). ---> "
-                           f"HINT: pip install -U 'onnxruntime>={need}', or re-export with "
-                           f"ssd-export --graph standard.")
+    oldest = contract.oldest_onnxruntime(entry.graph, entry.quant)
+    if oldest and contract.version_tuple(ort.__version__) < oldest[0]:
+        need = ".".join(map(str, oldest[0]))
+        raise BackendError(f"the {name} graph has {oldest[1]}, which onnxruntime "
+                           f"{ort.__version__} runs wrongly or not at all (it needs {need} or "
+                           f"newer). ---> HINT: pip install -U 'onnxruntime>={need}', or "
+                           f"re-export with ssd-export --graph standard --draft-quant none.")
 
 
 class OrtCpuSession:
@@ -76,16 +77,16 @@ class OrtCpuSession:
                  max_new_len: int, threads: int | None = None) -> None:
         self.name, self.entry, self.threads = name, entry, threads
         self.max_context, self.max_new_len = max_context, max_new_len
-        _check_flavour(name, entry)
+        _check_onnxruntime(name, entry)
         try:
             self.session = self._open(path, threads)
         except BackendError:
             raise
         except Exception as exc:  # ORT raises its own exception types
-            hint = (" ---> HINT: this graph is the 'ort' flavour (ONNX Runtime's "
-                    "GroupQueryAttention contrib op): use the onnxruntime it was exported with "
-                    "(the manifest's build.onnxruntime) or newer, or re-export with "
-                    "ssd-export --graph standard." if entry.graph == contract.ORT else "")
+            hint = (f" ---> HINT: this graph has {entry.cpu_only} (ONNX Runtime contrib ops): "
+                    f"use the onnxruntime it was exported with (the manifest's "
+                    f"build.onnxruntime) or newer, or re-export with ssd-export --graph "
+                    f"standard --draft-quant none." if entry.cpu_only else "")
             raise BackendError(f"ONNX Runtime cannot load {path}: {exc}{hint}") from None
         self._check_io()
         self.kv_dtype = _DTYPES[entry.kv_dtype]

@@ -10,12 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import contract
 from ..errors import BackendError
 from ..manifest import ModelEntry
 from .device import DeviceLogits
 from .ort import _DTYPES, OrtCpuSession, session_options
-from .select import CUDA_PROVIDER, GRAPH_HINT, ORT_GPU_HINT
+from .select import CUDA_PROVIDER, GPU_BUNDLE_HINT, ORT_GPU_HINT
 
 INSTALL_HINT = f"---> HINT: {ORT_GPU_HINT}, with an NVIDIA driver that nvidia-smi shows."
 
@@ -29,9 +28,9 @@ class OrtCudaSession(OrtCpuSession):
                  device_id: int = 0) -> None:
         if device not in ("cuda", "cpu"):
             raise BackendError(f"{name}: device {device!r} is not 'cuda' or 'cpu'.")
-        if device == "cuda" and entry.graph == contract.ORT:
-            raise BackendError(f"backend 'cuda': the {name} graph {path} is CPU-only: "
-                               f"{GRAPH_HINT}.")
+        if device == "cuda" and entry.cpu_only:
+            raise BackendError(f"backend 'cuda': the {name} graph {path} is CPU-only "
+                               f"({entry.cpu_only}) {GPU_BUNDLE_HINT}.")
         self.device, self.device_id = device, device_id
         self.backend = "cuda" if device == "cuda" else "cpu"
         super().__init__(name, path, entry, max_context, max_new_len, threads)

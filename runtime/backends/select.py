@@ -28,7 +28,7 @@ class Facts:
     gpu: GpuInfo | None = None                   # CUDA device 0, as cuda-python reports it
     ort_providers: tuple[str, ...] = ("CPUExecutionProvider",)
     engines: tuple[EngineEntry, ...] = ()        # the bundle's manifest.engines
-    cpu_only_graph: bool = False                 # a model's graph is the "ort" flavour
+    cpu_only: str = ""                           # why the bundle is CPU-only (Manifest.cpu_only)
 
 
 @dataclass(frozen=True)
@@ -79,13 +79,13 @@ def describe(chosen: str, plan_: Plan, failures: list[str], requested: str) -> s
     return f"{chosen} (auto): " + ("; ".join(notes) if notes else "first choice")
 
 
-GRAPH_HINT = ("its graphs are the 'ort' flavour, built for ONNX Runtime's CPU kernels "
-              "---> HINT: re-export with ssd-export --graph standard for CUDA or TensorRT")
+GPU_BUNDLE_HINT = ("---> HINT: re-export with ssd-export --graph standard --draft-quant none "
+                   "for CUDA or TensorRT")
 
 
 def _trt(facts: Facts) -> tuple[dict[str, EngineEntry] | None, str]:
-    if facts.cpu_only_graph:
-        return None, f"the bundle has no TensorRT path: {GRAPH_HINT}"
+    if facts.cpu_only:
+        return None, f"the bundle has no TensorRT path: {facts.cpu_only} {GPU_BUNDLE_HINT}"
     if facts.tensorrt is None or facts.gpu is None:
         problem = facts.tensorrt_problem or ("TensorRT is not installed" if facts.tensorrt is None
                                              else "no CUDA GPU is visible")
@@ -97,8 +97,8 @@ def _trt(facts: Facts) -> tuple[dict[str, EngineEntry] | None, str]:
 
 def _cuda(facts: Facts) -> str:
     """Why ORT CUDA cannot be tried ("" when it can)."""
-    if facts.cpu_only_graph:
-        return f"the bundle is CPU-only: {GRAPH_HINT}"
+    if facts.cpu_only:
+        return f"the bundle is CPU-only: {facts.cpu_only} {GPU_BUNDLE_HINT}"
     if CUDA_PROVIDER not in facts.ort_providers:
         return (f"onnxruntime has no {CUDA_PROVIDER} (providers: "
                 f"{', '.join(facts.ort_providers)}) ---> HINT: {ORT_GPU_HINT}")

@@ -165,7 +165,7 @@ def test_newer_schema_is_refused(bundle_copy):
     path.write_text(json.dumps(manifest))
     proc = run("ssd_runtime.cli", bundle_copy, "--prompt", "x")
     assert_clean_error(proc, "ssd-run", r"schema_version 99 is newer than this runtime reads "
-                                        r"\(up to 2\).*upgrade")
+                                        r"\(up to 3\).*upgrade")
 
 
 def test_unknown_graph_flavour_is_refused_and_schema_1_reads_as_standard(bundle_copy):
@@ -183,6 +183,24 @@ def test_unknown_graph_flavour_is_refused_and_schema_1_reads_as_standard(bundle_
     manifest["schema_version"] = 1
     path.write_text(json.dumps(manifest))
     assert read_manifest(bundle_copy, verify=False).target.graph == "standard"
+
+
+def test_unknown_weights_are_refused_and_schema_2_reads_as_float(bundle_copy):
+    from ssd_runtime.manifest import read_manifest
+
+    path = bundle_copy / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["models"]["draft"]["quant"] = "int3"
+    path.write_text(json.dumps(manifest))
+    proc = run("ssd_runtime.cli", bundle_copy, "--prompt", "x")
+    assert_clean_error(proc, "ssd-run", r"models\.draft\.quant is 'int3', expected one of "
+                                        r"\['none', 'int8', 'int4'\]")
+    for role in ("target", "draft"):               # a bundle written before quantized drafts
+        for key in ("quant", "quant_agreement"):
+            manifest["models"][role].pop(key, None)
+    manifest["schema_version"] = 2
+    path.write_text(json.dumps(manifest))
+    assert read_manifest(bundle_copy, verify=False).draft.quant == "none"
 
 
 def test_k_above_max_draft(bundle_copy):

@@ -252,7 +252,8 @@ def test_default_export_on_a_cpu_machine_writes_the_ort_flavour_and_says_so(mode
                str(models["llama_cut"]), "--output", str(out), "--max-context", "64")
     assert proc.returncode == 0, proc.stderr
     assert "graph flavour: ort (no TensorRT or CUDA here" in proc.stderr
-    assert "engines: none for the 'ort' graph flavour" in proc.stderr
+    assert "engines: none: the target is the 'ort' graph flavour" in proc.stderr
+    assert "draft weights: int8 (a CPU bundle" in proc.stderr   # then kept or not, saying why
     manifest = read_manifest(out)
     assert manifest.target.graph == manifest.draft.graph == "ort" and manifest.engines == []
     assert manifest.target.outputs[1:3] == ["present_key.0", "present_value.0"]
@@ -271,7 +272,7 @@ def test_ort_flavour_and_tensorrt_refuse_each_other_naming_the_fix(models, bundl
     proc = run("-c", "import sys; from ssd_export.cli import build_engines_main; "
                      "sys.exit(build_engines_main(sys.argv[1:]))", str(ort_bundle))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "'ort' flavour" in proc.stderr and "--graph standard" in proc.stderr
+    assert "'ort' graph flavour" in proc.stderr and "--graph standard" in proc.stderr
     assert (ort_bundle / "manifest.json").read_bytes() == before
 
 

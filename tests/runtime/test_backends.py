@@ -98,15 +98,16 @@ def test_explicit_cuda_without_the_provider_names_onnxruntime_gpu():
 
 
 def test_an_ort_flavour_bundle_is_cpu_only_and_says_how_to_get_a_gpu_bundle():
-    facts = Facts("10.8.0", "", H200, WITH_CUDA, engines_for(H200, "10.8.0"), cpu_only_graph=True)
+    why = "the draft is the 'ort' graph flavour, built for ONNX Runtime's CPU kernels"
+    facts = Facts("10.8.0", "", H200, WITH_CUDA, engines_for(H200, "10.8.0"), cpu_only=why)
     chosen = plan("auto", facts)
     assert chosen.attempts == ("cpu",)
     reason = describe("cpu", chosen, [], "auto")
     assert "trt skipped: the bundle has no TensorRT path" in reason
     assert "cuda skipped: the bundle is CPU-only" in reason and "--graph standard" in reason
     for backend in ("cuda", "trt"):
-        with pytest.raises(BackendError, match=rf"backend '{backend}'.*'ort' flavour.*"
-                                               r"ssd-export --graph standard"):
+        with pytest.raises(BackendError, match=rf"backend '{backend}'.*'ort' graph flavour.*"
+                                               r"ssd-export --graph standard --draft-quant none"):
             plan(backend, facts)
 
 
@@ -127,8 +128,8 @@ def test_onnxruntime_too_old_for_the_ort_flavour_is_refused_naming_both_fixes(bu
     assert not contract.runs_ort_flavour("1.19.2") and not contract.runs_ort_flavour("1.18.1")
     bundle = bundle_factory("llama", "llama_cut")
     monkeypatch.setattr("onnxruntime.__version__", "1.19.2")
-    with pytest.raises(BackendError, match=r"'ort' flavour, which onnxruntime 1\.19\.2 runs "
-                                           r"wrongly.*onnxruntime>=1\.20.*--graph standard"):
+    with pytest.raises(BackendError, match=r"'ort' graph flavour, which onnxruntime 1\.19\.2 "
+                                           r"runs wrongly.*onnxruntime>=1\.20.*--graph standard"):
         Generator.load(bundle)
 
 

@@ -1,0 +1,178 @@
+"""Weight-only quantization of the draft graph (ONNX Runtime's MatMulNBits, CPU kernels).
+
+The draft only proposes: the target judges every token, so a quantized draft changes how
+many tokens are accepted, never which tokens come out (greedy or sampled; the sampled rule
+uses the quantized draft's own q). A small draft's step is mostly weight traffic, and after
+each target step its weights are evicted from the CPU caches by the target's; 8-bit weights
+are a quarter of the float32 bytes. Measured on the demo pair (2-core CPU): draft time per
+round -30% at unchanged acceptance with int8; int4 halves the bytes again but lost ~3% of the
+accepted tokens there (a tied 160-wide head quantized to 4 bits).
+
+Each MatMul whose B is a constant (or the transpose of one: a tied lm_head) becomes a
+MatMulNBits node: symmetric blocks of 32 along K, accuracy level 4 (activations quantized
+to int8 inside the kernel, VNNI/AVX-512 where the CPU has them).
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from ssd_graphs.trace import TracedModel
+from ssd_runtime import contract
+from ssd_runtime.errors import ConfigError
+
+from .parity import run_whole
+
+QUANTS = {"int8": 8, "int4": 4}
+BLOCK = 32
+ACCURACY_LEVEL = 4
+MIN_AGREEMENT = 0.97      # --draft-quant auto keeps the float draft below this top-1 agreement
+
+
+def quantize_draft(traced: TracedModel, requested: str, dtype: str, max_context: int,
+                   log) -> tuple[str, float | None]:
+    """Quantize the draft's weights in place when chosen (the module says why it pays), and
+    measure its top-1 agreement with the float graph. Under auto a draft that agrees on fewer
+    than MIN_AGREEMENT of its tokens stays float; asked for explicitly it is kept, with a note."""
+    quant, why = choose_quant(requested, traced.graph)
+    log.print(f"    draft weights: {quant} ({why})")
+    if quant == contract.NO_QUANT:
+        return quant, None
+    path = traced.path
+    keep = path.parent.parent / ".float-draft"
+    shutil.copytree(path.parent, keep)
+    try:
+        with log.stage(f"quantize the draft's weights ({quant})"):
+            try:
+                count = quantize_graph(path, quant)
+                agreement = top1_agreement(keep / path.name, path, traced.graph, dtype,
+                                           traced.vocab_size, max_context)
+            except Exception as exc:  # onnxruntime's quantizer or kernels refuse this graph
+                if requested != "auto":
+                    raise ConfigError(f"--draft-quant {quant}: ONNX Runtime could not quantize "
+                                      f"or run the draft ({exc}). ---> HINT: use --draft-quant "
+                                      f"none.") from None
+                count, agreement, why = 0, 0.0, f"ONNX Runtime refused it: {exc}"
+            else:
+                why = f"top-1 agreement {agreement:.3f} with the float draft"
+        if count == 0 or (requested == "auto" and agreement < MIN_AGREEMENT):
+            if count:
+                why += f", below {MIN_AGREEMENT}"
+            log.print(f"    draft weights: kept float ({why.splitlines()[0]})")
+            shutil.rmtree(path.parent)
+            shutil.copytree(keep, path.parent)
+            return contract.NO_QUANT, None
+        note = "" if agreement >= MIN_AGREEMENT else \
+            " (low: expect fewer accepted tokens; --draft-quant int8 or none may be faster)"
+        log.print(f"    draft weights: {quant}, {count} MatMuls, {why}{note}")
+        return quant, round(agreement, 4)
+    finally:
+        shutil.rmtree(keep, ignore_errors=True)
+
+
+def quantize_graph(path: Path, quant: str) -> int:
+    """Rewrite the ONNX graph at `path` (external data beside it) with `quant` weights in place;
+    return how many MatMuls were quantized."""
+    import onnx
+    from onnx import numpy_helper
+
+    DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer = _quantizer()
+    model = onnx.load(str(path))
+    _fold_constant_transposes(model, numpy_helper)
+    config = DefaultWeightOnlyQuantConfig(block_size=BLOCK, is_symmetric=True,
+                                          accuracy_level=ACCURACY_LEVEL, bits=QUANTS[quant])
+    quantizer = MatMulNBitsQuantizer(model, algo_config=config)
+    quantizer.process()
+    quantized = quantizer.model.model
+    count = sum(n.op_type == "MatMulNBits" for n in quantized.graph.node)
+    data = path.with_name(path.name + ".data")
+    for old in (path, data):
+        old.unlink(missing_ok=True)
+    onnx.save(quantized, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location=data.name, size_threshold=1024)
+    return count
+
+
+def _quantizer():
+    """onnxruntime's weight-only quantizer, imported without the logging.basicConfig(INFO) it
+    runs on import (one line per node on stderr otherwise)."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    from onnxruntime.quantization import matmul_nbits_quantizer as module
+
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    module.logger.setLevel(logging.WARNING)
+    return module.DefaultWeightOnlyQuantConfig, module.MatMulNBitsQuantizer
+
+
+def _fold_constant_transposes(model, numpy_helper) -> None:
+    """Transpose(initializer) feeding a MatMul's B becomes an initializer of its own, so that
+    the quantizer sees a constant B: a tied lm_head (MatMul(x, Transpose(embedding)))."""
+    inits = {i.name: i for i in model.graph.initializer}
+    feeds_matmul_b = {n.input[1] for n in model.graph.node if n.op_type == "MatMul"}
+    for node in list(model.graph.node):
+        if (node.op_type == "Transpose" and node.input[0] in inits
+                and node.output[0] in feeds_matmul_b):
+            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+            array = numpy_helper.to_array(inits[node.input[0]])
+            folded = np.ascontiguousarray(np.transpose(array, perm))
+            model.graph.initializer.append(numpy_helper.from_array(folded, node.output[0]))
+            model.graph.node.remove(node)
+
+
+def top1_agreement(float_path: Path, quant_path: Path, graph: str, dtype: str, vocab: int,
+                   max_context: int, seed: int = 0) -> float:
+    """How often the quantized graph's argmax equals the float graph's, over sequences the
+    float draft writes itself (a random prompt, then its own greedy continuation): the tokens
+    a draft proposes in a round."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    reference, quantized = (ort.InferenceSession(str(p), opts,
+                                                 providers=["CPUExecutionProvider"])
+                            for p in (float_path, quant_path))
+    rng = np.random.default_rng(seed)
+    length = min(64, max_context)
+    agree = total = 0
+    for _ in range(4):
+        ids = rng.integers(0, vocab, size=(1, min(8, length - 1)), dtype=np.int64)
+        while ids.shape[1] < length:      # greedy, recomputed whole: a small draft, short text
+            logits = run_whole(reference, ids, graph, dtype)
+            ids = np.concatenate([ids, logits[:, -1:].argmax(-1)], axis=1)
+        ours = run_whole(quantized, ids, graph, dtype).argmax(-1)
+        theirs = run_whole(reference, ids, graph, dtype).argmax(-1)
+        agree += int((ours == theirs).sum())
+        total += ours.size
+    return agree / total
+
+
+def check_request(requested: str) -> None:
+    """Refuse, before any work, quantized weights this onnxruntime cannot run."""
+    import onnxruntime as ort
+
+    version = ort.__version__
+    if requested in QUANTS and contract.version_tuple(version) < contract.QUANT_MIN[requested]:
+        need = ".".join(map(str, contract.QUANT_MIN[requested]))
+        raise ConfigError(f"--draft-quant {requested} needs onnxruntime >= {need} (found "
+                          f"{version}). ---> HINT: pip install -U onnxruntime, or use "
+                          f"--draft-quant none.")
+
+
+def choose_quant(requested: str, draft_graph: str) -> tuple[str, str]:
+    """The draft weights to write, and why."""
+    import onnxruntime as ort
+
+    check_request(requested)
+    version = ort.__version__
+    if requested != "auto":
+        return requested, "--draft-quant"
+    if draft_graph != contract.ORT:
+        return contract.NO_QUANT, "a standard graph, kept free of ONNX Runtime's CPU-only kernels"
+    if contract.version_tuple(version) < contract.QUANT_MIN["int8"]:
+        return contract.NO_QUANT, f"onnxruntime {version} has no 8-bit MatMulNBits kernel"
+    return "int8", "a CPU bundle: the draft's weights are most of its step"
