@@ -5,8 +5,9 @@ tokenizer's encoding, BOS included), greedy, the same max_new_tokens and thread 
   ours   ssd_runtime.Generator on an `ssd-export` bundle: k=0, k=auto (and --k fixed ks);
   hf     transformers generate() in float32: the target alone, assisted generation with the
          draft at its defaults and with num_assistant_tokens=4, schedule "constant";
-  genai  ONNX Runtime GenAI (model builder, fp32, cpu): the target alone and its draft+target
-         speculative mode (model.type "speculative" + model.draft, speculative options).
+  genai  ONNX Runtime GenAI (model builder, cpu): the fp32 target alone and its draft+target
+         speculative mode (model.type "speculative" + model.draft, speculative options), with
+         the draft in fp32 and, as ours by default, in int8 (--genai-draft).
 Runs are interleaved prompt by prompt (the order rotates). tok/s: median over prompts of new
 tokens / wall time of the call, prefill included (GenAI: from append_tokens on; its fixed
 og.Generator construction is reported apart). decode: the runtime's own decode-phase rate.
@@ -96,29 +97,48 @@ def export_bundle(target: Path, draft: Path, workdir: Path, stamp: str) -> Path:
     return out
 
 
-def build_genai(target: Path, draft: Path, workdir: Path, stamp: str) -> Path:
-    """Both models through the model builder, nested in one folder whose genai_config.json is the
-    speculative one: GenAI takes model paths only relative to, and under, the config's folder."""
+def build_genai(target: Path, draft: Path, workdir: Path, stamp: str,
+                draft_precisions: list[str]) -> dict[str, Path]:
+    """The target (fp32) and a draft per precision through the model builder; per draft
+    precision one folder whose genai_config.json is the speculative one, with the models nested
+    under it (GenAI takes model paths only relative to, and under, the config's folder; the
+    fp32 one holds the models, the others link to them)."""
     root = workdir / "genai"
-    for name, src in (("target", target), ("draft", draft)):
+    builds = [("target", target, "fp32")] + \
+        [(_draft_dir(p), draft, p) for p in draft_precisions]
+    for name, src, precision in builds:
         out = root / name
         if _fresh(out, "genai_config.json", stamp):
             continue
-        print(f"onnxruntime_genai builder: {src} -> {out}", flush=True)
+        print(f"onnxruntime_genai builder: {src} -> {out} ({precision})", flush=True)
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
         _sh([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(src), "-o",
-             str(out), "-p", "fp32", "-e", "cpu", "-c", str(workdir / "genai-cache")],
+             str(out), "-p", precision, "-e", "cpu", "-c", str(workdir / "genai-cache")],
             workdir / f"genai-builder-{name}.log")
         (out / ".peers-stamp").write_text(stamp)
-    spec = json.loads((root / "target/genai_config.json").read_text())
-    draft_block = json.loads((root / "draft/genai_config.json").read_text())["model"]["decoder"]
-    spec["model"]["type"] = "speculative"
-    spec["model"]["decoder"]["filename"] = "target/" + spec["model"]["decoder"]["filename"]
-    spec["model"]["draft"] = dict(draft_block, filename="draft/" + draft_block["filename"])
-    spec["speculative"] = {"max_draft_tokens": 4}        # overridden per run
-    (root / "genai_config.json").write_text(json.dumps(spec, indent=2) + "\n")
-    return root
+    roots = {}
+    for precision in draft_precisions:
+        spec_root = root if precision == "fp32" else workdir / f"genai-{precision}-draft"
+        if spec_root != root:
+            shutil.rmtree(spec_root, ignore_errors=True)
+            spec_root.mkdir()
+            (spec_root / "target").symlink_to(root / "target")
+            (spec_root / "draft").symlink_to(root / _draft_dir(precision))
+        spec = json.loads((root / "target/genai_config.json").read_text())
+        block = json.loads((spec_root / "draft/genai_config.json").read_text())["model"]
+        spec["model"]["type"] = "speculative"
+        spec["model"]["decoder"]["filename"] = "target/" + spec["model"]["decoder"]["filename"]
+        spec["model"]["draft"] = dict(block["decoder"],
+                                      filename="draft/" + block["decoder"]["filename"])
+        spec["speculative"] = {"max_draft_tokens": 4}        # overridden per run
+        (spec_root / "genai_config.json").write_text(json.dumps(spec, indent=2) + "\n")
+        roots[precision] = spec_root
+    return roots
+
+
+def _draft_dir(precision: str) -> str:
+    return "draft" if precision == "fp32" else f"draft-{precision}"
 
 
 # ---------------------------------------------------------------- peers
@@ -173,7 +193,7 @@ def hf_variants(target, draft, threads: int) -> list[Variant]:
             Variant("hf", "assisted 4 constant", True, runner(fixed4))]
 
 
-def genai_variants(root: Path, threads: int, genai_ks: list[str],
+def genai_variants(roots: dict[str, Path], threads: int, genai_ks: list[str],
                    notes: list[str]) -> list[Variant]:
     import numpy as np
     import onnxruntime_genai as og
@@ -206,21 +226,26 @@ def genai_variants(root: Path, threads: int, genai_ks: list[str],
                           acc, t0 - s0)
         return run
 
-    out = [Variant("genai", "target", False, runner(model(root / "target", False), None))]
-    try:
-        spec = model(root, True)
-    except Exception as exc:                 # noqa: BLE001 - report the peer's own words
-        notes.append(f"GenAI speculative mode not loadable ({root}/genai_config.json): {exc}")
-        return out
-    # the placement ours picks by itself (draft on one thread), offered to GenAI too
-    specs = [(spec, "")] + ([(model(root, True, 1), f" ({threads}:1)")] if threads > 1 else [])
-    for m, where in specs:
-        for k in genai_ks:
-            adaptive = k == "adaptive"
-            opts = {"max_draft_tokens": 4 if adaptive else int(k),
-                    "min_adaptive_k": 2 if adaptive else 0}
-            name = ("adaptive (min_adaptive_k=2)" if adaptive else f"K={k}") + where
-            out.append(Variant("genai", name, True, runner(m, opts)))
+    any_root = next(iter(roots.values()))
+    out = [Variant("genai", "target", False, runner(model(any_root / "target", False), None))]
+    for precision, root in roots.items():
+        try:
+            spec = model(root, True)
+        except Exception as exc:             # noqa: BLE001 - report the peer's own words
+            notes.append(f"GenAI speculative mode not loadable ({root}/genai_config.json): "
+                         f"{exc}")
+            continue
+        # the placement ours picks by itself (draft on one thread), offered to GenAI too
+        specs = [(spec, "")] + \
+            ([(model(root, True, 1), f" ({threads}:1)")] if threads > 1 else [])
+        label = "" if precision == "fp32" else f" {precision} draft"
+        for m, where in specs:
+            for k in genai_ks:
+                adaptive = k == "adaptive"
+                opts = {"max_draft_tokens": 4 if adaptive else int(k),
+                        "min_adaptive_k": 2 if adaptive else 0}
+                name = ("adaptive" if adaptive else f"K={k}") + where + label
+                out.append(Variant("genai", name, True, runner(m, opts)))
     return out
 
 
@@ -380,6 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", default="auto", help="our speculative ks besides k=0, e.g. auto,4")
     p.add_argument("--genai-k", default="4,adaptive",
                    help="GenAI speculative settings: fixed K (1..16) and/or adaptive")
+    p.add_argument("--genai-draft", default="fp32,int8",
+                   help="GenAI draft precisions (model builder -p): fp32 (the pair as it is) "
+                        "and/or int8, int4 (quantized like ours; its target stays fp32)")
     p.add_argument("--repeats", type=int, default=1, help="passes over the prompts")
     p.add_argument("--skip", default="", help="peers to leave out: ours,hf,genai")
     p.add_argument("--isolate", action="store_true",
@@ -399,6 +427,9 @@ def main(argv: list[str] | None = None) -> int:
     genai_ks = [k for k in args.genai_k.split(",") if k]
     if bad := [k for k in genai_ks if k != "adaptive" and not 1 <= int(k) <= 16]:
         raise SystemExit(f"--genai-k {bad[0]}: GenAI takes K in [1, 16] or 'adaptive'.")
+    genai_drafts = [p for p in args.genai_draft.split(",") if p]
+    if bad := [p for p in genai_drafts if p not in ("fp32", "int8", "int4")]:
+        raise SystemExit(f"--genai-draft {bad[0]}: choose fp32, int8 or int4.")
     skip = set(filter(None, args.skip.split(",")))
     if args.isolate:
         return isolated(argv if argv is not None else sys.argv[1:], skip, args.json_out)
@@ -409,11 +440,11 @@ def main(argv: list[str] | None = None) -> int:
     prompts = load_prompt_ids(args.prompts, target, args.num_prompts)
     bundle = Path(args.bundle).resolve() if args.bundle else \
         export_bundle(target, draft, workdir, stamp) if "ours" not in skip else None
-    genai_root = None
+    genai_roots = None
     if "genai" not in skip:
         try:
             import onnxruntime_genai  # noqa: F401
-            genai_root = build_genai(target, draft, workdir, stamp)
+            genai_roots = build_genai(target, draft, workdir, stamp, genai_drafts)
         except Exception as exc:             # noqa: BLE001 - say why, go on with the others
             notes.append(f"GenAI skipped: {type(exc).__name__}: {exc}")
     hf = None
@@ -430,16 +461,17 @@ def main(argv: list[str] | None = None) -> int:
               f"x {args.repeats}", flush=True)
         variants = (ours_variants(bundle, t, ks) if "ours" not in skip else []) + \
             (hf_variants(*hf, t) if hf else [])
-        if genai_root is not None:
+        if genai_roots:
             try:
-                variants += genai_variants(genai_root, t, genai_ks, notes)
+                variants += genai_variants(genai_roots, t, genai_ks, notes)
             except Exception as exc:         # noqa: BLE001
                 notes.append(f"GenAI not loadable at {t} threads: {type(exc).__name__}: {exc}")
         measure(variants, prompts, args.max_new_tokens, args.repeats, notes)
         rows += summarise(t, variants)
     report = {"target": str(target), "draft": str(draft),
               "bundle": str(bundle) if bundle else None,
-              "workdir": str(workdir), "genai_model": str(genai_root) if genai_root else None,
+              "workdir": str(workdir),
+              "genai_models": {p: str(r) for p, r in (genai_roots or {}).items()},
               "max_new_tokens": args.max_new_tokens, "threads": threads, "repeats": args.repeats,
               "prompt_tokens": [len(p) for p in prompts], "versions": versions(),
               "results": rows, "ratios": [q for t in threads for q in ratios(rows, t)],
@@ -477,7 +509,7 @@ def isolated(argv: list[str], skip: set[str], json_out: str | None) -> int:
                 merged["results"] += report["results"]
                 merged["notes"] += report["notes"]
                 merged["bundle"] = merged["bundle"] or report["bundle"]
-                merged["genai_model"] = merged["genai_model"] or report["genai_model"]
+                merged["genai_models"] = merged["genai_models"] or report["genai_models"]
     assert merged is not None, "every peer skipped"
     merged["isolated"] = True
     merged["ratios"] = [q for t in merged["threads"] for q in ratios(merged["results"], t)]
