@@ -90,6 +90,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="CPU threads (the weights depend on it)")
     p.add_argument("--force", action="store_true", help="replace an existing --output")
+    p.add_argument("--reuse-target", action="store_true",
+                   help="keep --output's target (its weights and card entry) and train only a "
+                        "new draft: the target is what a full run with the same preset, seed "
+                        "and threads trains anyway (checked: same config), minus ~22 minutes")
     return p.parse_args(argv)
 
 
@@ -313,6 +317,8 @@ def card_row(name: str, m: dict, ev: dict) -> str:
 def model_card(card: dict) -> str:
     ev, c, dist = card["eval"], card["corpus"], card["distill"]
     rows = "\n".join(card_row(name, card[name], ev) for name in ("target", "draft"))
+    reused = (", the target's training not included: this draft was trained beside the saved "
+              "target with --reuse-target") if card.get("target_reused") else ""
     return f"""# Speculative-decoding demo pair ({card['preset']} preset)
 
 Two `LlamaForCausalLM` models sharing one byte-level BPE tokenizer (vocab {card['vocab']}, `<s>`
@@ -337,7 +343,7 @@ half greedy, half sampled at temperature 1; {dist['data']['generate_seconds']} s
 {dist['data']['corpus_windows']:,} corpus windows, the target's log-probs cached once for both.
 AdamW, cosine schedule, 10% warmup, batches of {card['batch']} x {card['seq_len']} tokens,
 seed {card['seed']}, {card['threads']} thread(s). Losses are nats per token; train loss is an EMA.
-Total wall time {card['total_seconds']} s ({card['machine']}).
+Total wall time {card['total_seconds']} s ({card['machine']}){reused}.
 
 ## Agreement
 Draft/target greedy top-1 agreement (float16-rounded weights run in float32):
@@ -364,9 +370,12 @@ def build(args: argparse.Namespace, workdir: Path) -> dict:
           f"tokens ({time.monotonic() - t0:.1f}s)", flush=True)
     torch.manual_seed(args.seed)
     target = build_model(preset.target, preset.vocab)
-    draft = build_model(preset.draft, preset.vocab)
-    t_train = train_phase("target", target, preset, preset.target_phase, args.seed + 1,
-                          stream=train_stream)
+    draft = build_model(preset.draft, preset.vocab)       # after the target: the same RNG state
+    if args.reuse_target:
+        target, t_train = reused_target(args, target)
+    else:
+        t_train = train_phase("target", target, preset, preset.target_phase, args.seed + 1,
+                              stream=train_stream)
     target.eval()
     round_to_fp16(target)  # the draft learns, and everything is evaluated, on the saved weights
     seqs, logp, d_data = draft_data(target, train_stream, preset, args.seed + 3)
@@ -389,13 +398,36 @@ def build(args: argparse.Namespace, workdir: Path) -> dict:
         "cost_ratio": round(matmul_params(target) / matmul_params(draft), 1),
         "eval": ev, "total_seconds": round(time.monotonic() - t0, 1),
         "machine": f"{platform.machine()} {platform.system()}, torch {torch.__version__}",
-        "command": "python " + shlex.join(sys.argv),
+        "target_reused": args.reuse_target,
+        # how to rebuild the whole pair (--reuse-target only skips retraining the same target)
+        "command": "python " + shlex.join(a for a in sys.argv if a != "--reuse-target"),
     }
+
+
+def reused_target(args: argparse.Namespace, fresh: LlamaForCausalLM
+                  ) -> tuple[LlamaForCausalLM, dict]:
+    """--reuse-target: the saved target, if it is the one this preset, seed and thread count
+    train (same config and card settings), with its recorded training figures."""
+    folder = args.output.resolve()
+    card = json.loads((folder / "card.json").read_text())
+    same = {k: card.get(k) for k in ("preset", "seed", "threads")} == \
+        {"preset": args.preset, "seed": args.seed, "threads": args.threads}
+    saved = LlamaForCausalLM.from_pretrained(folder / "target", dtype=torch.float32)
+    keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "intermediate_size", "vocab_size")
+    if not same or any(getattr(saved.config, k) != getattr(fresh.config, k) for k in keys):
+        raise SystemExit(f"error: {folder}/target was not trained with --preset {args.preset} "
+                         f"--seed {args.seed} --threads {args.threads}; drop --reuse-target")
+    print(f"[target] reused from {folder / 'target'}", flush=True)
+    return saved, card["target"]["train"]
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     out: Path = args.output.resolve()
+    if args.reuse_target and not (out / "card.json").is_file():
+        print(f"error: --reuse-target needs an earlier pair in {out}", file=sys.stderr)
+        return 2
     if out.exists() and not args.force:
         print(f"error: {out} exists (use --force to replace it)", file=sys.stderr)
         return 2
