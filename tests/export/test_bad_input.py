@@ -168,39 +168,31 @@ def test_newer_schema_is_refused(bundle_copy):
                                         r"\(up to 3\).*upgrade")
 
 
-def test_unknown_graph_flavour_is_refused_and_schema_1_reads_as_standard(bundle_copy):
+# field, a bad value, what it must be, the schema before the field, what it reads as there
+OLDER_FIELDS = [("graph", "fast", r"\['standard', 'ort'\]", 1, "standard", ()),
+                ("quant", "int3", r"\['none', 'int8', 'int4'\]", 2, "none", ("quant_agreement",))]
+
+
+@pytest.mark.parametrize("field,bad,allowed,schema,default,also", OLDER_FIELDS,
+                         ids=[f[0] for f in OLDER_FIELDS])
+def test_an_unknown_model_field_value_is_refused_and_an_older_schema_reads_the_default(
+        bundle_copy, field, bad, allowed, schema, default, also):
     from ssd_runtime.manifest import read_manifest
 
     path = bundle_copy / "manifest.json"
     manifest = json.loads(path.read_text())
-    manifest["models"]["draft"]["graph"] = "fast"
+    manifest["models"]["draft"][field] = bad
     path.write_text(json.dumps(manifest))
     proc = run("ssd_runtime.cli", bundle_copy, "--prompt", "x")
-    assert_clean_error(proc, "ssd-run", r"models\.draft\.graph is 'fast', expected one of "
-                                        r"\['standard', 'ort'\]")
-    for role in ("target", "draft"):               # a bundle written before the flavours
-        del manifest["models"][role]["graph"]
-    manifest["schema_version"] = 1
-    path.write_text(json.dumps(manifest))
-    assert read_manifest(bundle_copy, verify=False).target.graph == "standard"
-
-
-def test_unknown_weights_are_refused_and_schema_2_reads_as_float(bundle_copy):
-    from ssd_runtime.manifest import read_manifest
-
-    path = bundle_copy / "manifest.json"
-    manifest = json.loads(path.read_text())
-    manifest["models"]["draft"]["quant"] = "int3"
-    path.write_text(json.dumps(manifest))
-    proc = run("ssd_runtime.cli", bundle_copy, "--prompt", "x")
-    assert_clean_error(proc, "ssd-run", r"models\.draft\.quant is 'int3', expected one of "
-                                        r"\['none', 'int8', 'int4'\]")
-    for role in ("target", "draft"):               # a bundle written before quantized drafts
-        for key in ("quant", "quant_agreement"):
+    assert_clean_error(proc, "ssd-run", rf"models\.draft\.{field} is '{bad}', expected one of "
+                                        rf"{allowed}")
+    for role in ("target", "draft"):               # a bundle written before the field
+        for key in (field, *also):
             manifest["models"][role].pop(key, None)
-    manifest["schema_version"] = 2
+    manifest["schema_version"] = schema
     path.write_text(json.dumps(manifest))
-    assert read_manifest(bundle_copy, verify=False).draft.quant == "none"
+    m = read_manifest(bundle_copy, verify=False)
+    assert getattr(m.target, field) == getattr(m.draft, field) == default
 
 
 def test_k_above_max_draft(bundle_copy):
