@@ -52,6 +52,25 @@ def test_a_quantized_draft_is_recorded_and_the_output_stays_the_targets(bundle_f
         assert split.token_ids == expected
 
 
+# a draft of every architecture (fused QKV, Conv1D, biases, q/k norms, soft-capping, ALiBi on
+# the standard graph), quantized; its target is unchanged, so the output must be too
+ARCHS = ["qwen3", "phi3", "gemma", "gemma2", "gpt2", "gpt_neox", "opt", "falcon",
+         "falcon_alibi"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_architecture_takes_an_int8_draft_without_changing_the_output(bundle_factory,
+                                                                             arch):
+    bundle = bundle_factory(arch, f"{arch}_cut", draft_quant="int8")
+    m = read_manifest(bundle)
+    assert m.draft.quant == "int8" and "MatMulNBits" in ops(bundle / m.draft.path)
+    assert m.draft.graph == ("standard" if arch == "falcon_alibi" else "ort")
+    gen = Generator.load(bundle)
+    expected = gen.generate(prompt_ids(7), max_new_tokens=32, k=0).token_ids
+    for k in (3, "auto"):
+        assert gen.generate(prompt_ids(7), max_new_tokens=32, k=k).token_ids == expected
+
+
 def test_the_quantized_draft_proposes_what_its_agreement_says(bundle_factory):
     """Its argmax follows the float draft's at about the recorded rate (not a broken graph)."""
     quantized = Generator.load(bundle_factory("llama", "llama_cut", draft_quant="int8"))
