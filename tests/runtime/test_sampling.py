@@ -168,6 +168,26 @@ def test_stop_strings(bundle_factory):
         assert "".join(gen.stream("def f(x):", max_new_tokens=40, k=k, stop=[stop])) == res.text
 
 
+@pytest.mark.parametrize("quant", ["int4"])
+def test_a_quantized_draft_leaves_the_distribution_unchanged(small_vocab_bundle, tmp_path,
+                                                             quant):
+    """The rule uses the quantized draft's own q: still exactly the target's distribution."""
+    from ssd_export import ExportConfig, export_bundle
+
+    _, target_dir = small_vocab_bundle
+    out = tmp_path / "bundle"
+    draft_dir = target_dir.parent / "small_draft"
+    export_bundle(ExportConfig(target=str(target_dir), draft=str(draft_dir), output=out,
+                               quiet=True, draft_quant=quant))
+    gen = Generator.load(out)
+    assert gen.manifest.draft.quant == quant
+    setting = SETTINGS[0]
+    joint = exact_joint(target_dir, setting)
+    samples = [first_two(gen.generate(PROMPT, max_new_tokens=5, k=4, seed=s,
+                                      **setting).token_ids) for s in range(SAMPLES)]
+    assert chi_square_p(samples, joint) > 1e-3
+
+
 @pytest.mark.parametrize("k", [1, 4])
 def test_split_mode_sampling_is_lossless(small, k):
     gen, target_dir = small
