@@ -90,26 +90,6 @@ def test_adaptive_stops_drafting_when_the_draft_is_unsure():
     assert sched.next_k() == 2 and not sched.keep_drafting(2, confident)
 
 
-def test_the_stopping_rule_looks_past_a_step_in_the_verify_cost():
-    # v(k) as measured on a CPU: rising, a jump at k=6 (a new kernel tile), then flat
-    steps = CostModel(target_step=1.0, draft_step=0.05,
-                      verify=(1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 2.0, 2.0, 2.0))
-    k, needed = AdaptiveK(steps, max_k=8)._plan(0.8)
-    assert k == 8 and len(needed) == 9
-    # after 6 tokens the next two rows are free: drafting on pays at a lower survival than
-    # after 5, where the next token brings the jump (going on is priced over the jump)
-    assert needed[6] < needed[5]
-    rate = expected_tokens(0.8, steps.best_k(0.8, 8)) / steps.round_cost(steps.best_k(0.8, 8))
-    assert needed[7] == pytest.approx(rate * steps.c / 0.8)             # one more, no verify
-    jump_alone = rate * (steps.c + steps.v(6) - steps.v(5)) / 0.8
-    assert needed[5] < jump_alone          # spread over the free rows behind it
-    # a linear v(k) gives the one-step rule: P(survive) · α against R · (c + Δv)
-    linear = cpu_like()
-    k, needed = AdaptiveK(linear, max_k=8)._plan(0.9)
-    rate = expected_tokens(0.9, linear.best_k(0.9, 8)) / linear.round_cost(linear.best_k(0.9, 8))
-    assert needed[3] == pytest.approx(rate * (linear.c + 0.15) / 0.9)
-
-
 def test_auto_on_a_real_bundle(bundle_factory):
     gen = Generator.load(bundle_factory("llama", "llama"))   # the target is its own draft
     cost = gen.cost_model()
