@@ -65,6 +65,19 @@ def test_acceptance_learns_per_place_in_the_round():
     assert fresh.chance(0.55, 5) == pytest.approx(fresh.chance(0.55))   # no data: the tenth
 
 
+def test_acceptance_forgets_old_rounds_at_its_rate_and_survives_a_rescale():
+    learnt = Acceptance(prior=1e-9, place_prior=1e-9)      # the counts alone
+    learnt.observe(1, 1, [0.95])                         # a confident token accepted ...
+    learnt.observe(1, 0, [0.95])                         # ... then one rejected, a round later
+    d = learnt.bin_decay                                  # the older round weighs d
+    assert learnt.chance(0.95) == pytest.approx(d / (d + 1))
+    before = [learnt.chance(t, p) for t in (0.35, 0.95) for p in (0, 1, 5)]
+    learnt._rescale()
+    assert learnt.scale == 1.0
+    assert [learnt.chance(t, p) for t in (0.35, 0.95) for p in (0, 1, 5)] == \
+        pytest.approx(before)
+
+
 def test_acceptance_learns_per_confidence():
     learnt = Acceptance()
     for _ in range(40):     # confident tokens (top 0.95) survive, unsure ones (0.3) do not
