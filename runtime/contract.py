@@ -24,7 +24,6 @@ QUANTS = (NO_QUANT, "int8", "int4")
 # as 1.32 does; 4-bit gives 1.32's logits from 1.20 on.
 ORT_FLAVOUR_MIN = (1, 20)
 QUANT_MIN = {"int4": (1, 20), "int8": (1, 22)}
-ORT_FLAVOUR_MIN_TEXT = ".".join(map(str, ORT_FLAVOUR_MIN))
 
 
 def version_tuple(onnxruntime_version: str) -> tuple[int, int]:
@@ -33,6 +32,13 @@ def version_tuple(onnxruntime_version: str) -> tuple[int, int]:
         digits = "".join(c for c in piece if c.isdigit())
         parts.append(int(digits) if digits else 0)
     return parts[0], parts[1]
+
+
+def version_text(version: tuple[int, int]) -> str:
+    return ".".join(map(str, version))
+
+
+ORT_FLAVOUR_MIN_TEXT = version_text(ORT_FLAVOUR_MIN)
 
 
 def runs_ort_flavour(onnxruntime_version: str) -> bool:

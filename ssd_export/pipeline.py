@@ -24,7 +24,7 @@ from .engines import export_engines, require_tensorrt
 from .loading import LoadedModel, check_architecture, load_model
 from .pair import added_ids, check_vocabularies, eos_ids
 from .parity import check_parity
-from .quantize import QUANTS, check_request, quantize_draft
+from .quantize import BITS, check_request, quantize_draft
 
 
 def export_bundle(config: ExportConfig) -> Manifest:
@@ -40,7 +40,7 @@ def export_bundle(config: ExportConfig) -> Manifest:
         if config.graph == contract.ORT:
             raise ConfigError("--graph ort cannot go with --engines trt: TensorRT takes only "
                               "standard ONNX. ---> HINT: drop --graph (or use --graph standard).")
-        if config.draft_quant in QUANTS:
+        if config.draft_quant in BITS:
             raise ConfigError(f"--draft-quant {config.draft_quant} cannot go with --engines trt: "
                               f"the quantized MatMuls are ONNX Runtime CPU kernels. ---> HINT: "
                               f"drop --draft-quant (or use --draft-quant none).")

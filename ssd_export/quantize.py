@@ -26,7 +26,7 @@ from ssd_runtime.errors import ConfigError
 
 from .parity import run_whole
 
-QUANTS = {"int8": 8, "int4": 4}
+BITS = {"int8": 8, "int4": 4}     # the quantized kinds of contract.QUANTS
 BLOCK = 32
 ACCURACY_LEVEL = 4
 MIN_AGREEMENT = 0.97      # --draft-quant auto keeps the float draft below this top-1 agreement
@@ -46,22 +46,10 @@ def quantize_draft(traced: TracedModel, requested: str, dtype: str, max_context:
     shutil.copytree(path.parent, keep)
     try:
         with log.stage(f"quantize the draft's weights ({quant})"):
-            try:
-                count = quantize_graph(path, quant)
-                agreement = top1_agreement(keep / path.name, path, traced.graph, dtype,
-                                           traced.vocab_size, max_context)
-            except Exception as exc:  # onnxruntime's quantizer or kernels refuse this graph
-                if requested != "auto":
-                    raise ConfigError(f"--draft-quant {quant}: ONNX Runtime could not quantize "
-                                      f"or run the draft ({exc}). ---> HINT: use --draft-quant "
-                                      f"none.") from None
-                count, agreement, why = 0, 0.0, f"ONNX Runtime refused it: {exc}"
-            else:
-                why = f"top-1 agreement {agreement:.3f} with the float draft"
+            count, agreement, why = _quantize_checked(path, keep / path.name, quant, requested,
+                                                      traced, dtype, max_context)
         if count == 0 or (requested == "auto" and agreement < MIN_AGREEMENT):
-            if count:
-                why += f", below {MIN_AGREEMENT}"
-            log.print(f"    draft weights: kept float ({why.splitlines()[0]})")
+            log.print(f"    draft weights: kept float ({why})")
             shutil.rmtree(path.parent)
             shutil.copytree(keep, path.parent)
             return contract.NO_QUANT, None
@@ -71,6 +59,26 @@ def quantize_draft(traced: TracedModel, requested: str, dtype: str, max_context:
         return quant, round(agreement, 4)
     finally:
         shutil.rmtree(keep, ignore_errors=True)
+
+
+def _quantize_checked(path: Path, float_path: Path, quant: str, requested: str,
+                      traced: TracedModel, dtype: str, max_context: int
+                      ) -> tuple[int, float, str]:
+    """(MatMuls quantized, top-1 agreement, what to say). ONNX Runtime refusing the graph is
+    an error when asked for explicitly, else 0 MatMuls."""
+    try:
+        count = quantize_graph(path, quant)
+        agreement = top1_agreement(float_path, path, traced.graph, dtype, traced.vocab_size,
+                                   max_context)
+    except Exception as exc:  # onnxruntime's quantizer or kernels refuse this graph
+        if requested != "auto":
+            raise ConfigError(f"--draft-quant {quant}: ONNX Runtime could not quantize or run "
+                              f"the draft ({exc}). ---> HINT: use --draft-quant none.") from None
+        return 0, 0.0, f"ONNX Runtime refused it: {(str(exc) or repr(exc)).splitlines()[0]}"
+    why = f"top-1 agreement {agreement:.3f} with the float draft"
+    if requested == "auto" and agreement < MIN_AGREEMENT:
+        why += f", below {MIN_AGREEMENT}"
+    return count, agreement, why
 
 
 def quantize_graph(path: Path, quant: str) -> int:
@@ -83,7 +91,7 @@ def quantize_graph(path: Path, quant: str) -> int:
     model = onnx.load(str(path))
     _fold_constant_transposes(model, numpy_helper)
     config = DefaultWeightOnlyQuantConfig(block_size=BLOCK, is_symmetric=True,
-                                          accuracy_level=ACCURACY_LEVEL, bits=QUANTS[quant])
+                                          accuracy_level=ACCURACY_LEVEL, bits=BITS[quant])
     quantizer = MatMulNBitsQuantizer(model, algo_config=config)
     quantizer.process()
     quantized = quantizer.model.model
@@ -158,8 +166,8 @@ def check_request(requested: str) -> None:
     import onnxruntime as ort
 
     version = ort.__version__
-    if requested in QUANTS and contract.version_tuple(version) < contract.QUANT_MIN[requested]:
-        need = ".".join(map(str, contract.QUANT_MIN[requested]))
+    if requested in BITS and contract.version_tuple(version) < contract.QUANT_MIN[requested]:
+        need = contract.version_text(contract.QUANT_MIN[requested])
         raise ConfigError(f"--draft-quant {requested} needs onnxruntime >= {need} (found "
                           f"{version}). ---> HINT: pip install -U onnxruntime, or use "
                           f"--draft-quant none.")

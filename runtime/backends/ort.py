@@ -60,7 +60,7 @@ def _check_onnxruntime(name: str, entry: ModelEntry) -> None:
 
     oldest = contract.oldest_onnxruntime(entry.graph, entry.quant)
     if oldest and contract.version_tuple(ort.__version__) < oldest[0]:
-        need = ".".join(map(str, oldest[0]))
+        need = contract.version_text(oldest[0])
         raise BackendError(f"the {name} graph has {oldest[1]}, which onnxruntime "
                            f"{ort.__version__} runs wrongly or not at all (it needs {need} or "
                            f"newer). ---> HINT: pip install -U 'onnxruntime>={need}', or "
