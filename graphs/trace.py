@@ -11,6 +11,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 import torch
 from ssd_runtime import contract
@@ -77,6 +78,33 @@ def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context:
         kv_dtype=str(dtype).removeprefix("torch."),
         parameters=sum(p.numel() for p in model.parameters()), graph=graph,
     )
+
+
+def append_tops(path: Path) -> None:
+    """Add contract.TOP_ID and TOP_PROB, the last row's argmax and its softmax probability,
+    as outputs after the KV ones; in place, weights untouched. Logits of any float type give a
+    float32 probability."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    model = onnx.load(str(path), load_external_data=False)
+    graph = model.graph
+    if any(o.name in (contract.TOP_ID, contract.TOP_PROB) for o in graph.output):
+        return
+    graph.initializer.extend([numpy_helper.from_array(np.array(-1, np.int64), "tops.last"),
+                              numpy_helper.from_array(np.array([-1], np.int64), "tops.axis")])
+    graph.node.extend([
+        helper.make_node("Gather", [contract.LOGITS, "tops.last"], ["tops.row"], axis=1),
+        helper.make_node("Cast", ["tops.row"], ["tops.row32"], to=TensorProto.FLOAT),
+        helper.make_node("ArgMax", ["tops.row32"], [contract.TOP_ID], axis=-1, keepdims=0),
+        helper.make_node("Softmax", ["tops.row32"], ["tops.probs"], axis=-1),
+        helper.make_node("ReduceMax", ["tops.probs", "tops.axis"], [contract.TOP_PROB],
+                         keepdims=0),
+    ])
+    graph.output.extend([helper.make_tensor_value_info(contract.TOP_ID, TensorProto.INT64,
+                                                       ["batch"]),
+                         helper.make_tensor_value_info(contract.TOP_PROB, TensorProto.FLOAT,
+                                                       ["batch"])])
+    onnx.save(model, str(path))
 
 
 def rewrite_rsqrt_as_div(path: Path) -> int:

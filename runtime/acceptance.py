@@ -15,8 +15,10 @@ from .sampling import SamplingParams, position_uniform, probabilities, sample
 class GreedyAcceptance:
     """Accept the longest prefix on which the draft agrees with the target's argmax."""
 
-    def draft_pick(self, logits: np.ndarray, position: int) -> tuple[int, np.ndarray | None]:
-        return int(np.argmax(logits[-1])), None     # logits: (new_len, vocab); the last row
+    def draft_pick(self, logits: np.ndarray, position: int,
+                   top: tuple[int, float] | None = None) -> tuple[int, None]:
+        """The last row's argmax (logits: (new_len, vocab)); the graph's own when it has one."""
+        return (top[0] if top is not None else int(np.argmax(logits[-1]))), None
 
     def verify(self, target_logits: np.ndarray, drafts: list[int],
                draft_probs: list[np.ndarray | None]) -> tuple[int, int]:
@@ -40,7 +42,8 @@ class SamplingAcceptance:
         self.params = params
         self.draft_key, self.verify_rng = random_streams(params.seed)
 
-    def draft_pick(self, logits: np.ndarray, position: int) -> tuple[int, np.ndarray]:
+    def draft_pick(self, logits: np.ndarray, position: int,
+                   top: tuple[int, float] | None = None) -> tuple[int, np.ndarray]:
         """Sample the draft token for `position` from q (the last row's distribution)."""
         q = probabilities(logits[-1], self.params)      # (vocab_draft,)
         return sample(q, position_uniform(self.draft_key, position)), q

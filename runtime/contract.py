@@ -56,6 +56,11 @@ def oldest_onnxruntime(graph: str, quant: str) -> tuple[tuple[int, int], str] | 
 
 POSITION_IDS = "position_ids"
 LOGITS = "logits"
+# Optional outputs after the KV ones, written on "ort" flavour drafts: the last row's argmax
+# (B,) int64 and its softmax probability (B,) float32. The loop needs both after every draft
+# step (greedy's token, adaptive k's confidence); inside the graph they cost ~1 µs, on the host
+# ~9 µs a step in numpy calls that run on caches the models have just swept (measured).
+TOP_ID, TOP_PROB = "top_id", "top_prob"
 
 
 def past_key(i: int) -> str:

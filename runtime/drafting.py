@@ -48,13 +48,14 @@ class SequentialDrafter:
                 self.draft.prefill(np.asarray(feed[:-1], np.int64), self.draft_len)
                 self.draft_len, feed = self.draft_len + len(feed) - 1, feed[-1:]
             logits = self.draft.forward(np.asarray(feed, np.int64), self.draft_len)
+            top = self.draft.top()                  # (argmax, its probability) or None
             self.draft_len += len(feed)
             self.draft_calls += 1
-            token, q = self.rule.draft_pick(logits, self.draft_len)   # the token's position
+            token, q = self.rule.draft_pick(logits, self.draft_len, top)   # the token's position
             drafts.append(token)
             probs.append(q)
             feed = [token]
-            if not keep_going(len(drafts), logits):
+            if not keep_going(len(drafts), logits, top):
                 break
         return drafts, probs
 
@@ -83,7 +84,7 @@ class SplitDrafter(SequentialDrafter):
         self.bets += 1
         # guess the bonus token and the next round: k+1 more tokens after dk
         self.pending = self.pool.submit(self._draft, [drafts[-1]], len(drafts) + 1,
-                                        lambda n, logits: True, self.stop)
+                                        lambda *_: True, self.stop)
 
     def settle(self, target_len: int, accepted_all: bool, next_token: int) -> None:
         if self.pending is None:

@@ -98,7 +98,7 @@ class FusedGreedyAcceptance:
     def __init__(self, heads: HeadSessions) -> None:
         self.heads = heads
 
-    def draft_pick(self, logits: np.ndarray, position: int) -> tuple[int, None]:
+    def draft_pick(self, logits: np.ndarray, position: int, top=None) -> tuple[int, None]:
         return int(self.heads.argmax(logits[-1:])[0]), None      # the last row, still on device
 
     def verify(self, target_logits: np.ndarray, drafts: list[int],
@@ -111,7 +111,7 @@ class FusedSamplingAcceptance:
         self.heads, self.params = heads, params
         self.draft_key, self.verify_rng = random_streams(params.seed)
 
-    def draft_pick(self, logits: np.ndarray, position: int) -> tuple[int, np.ndarray]:
+    def draft_pick(self, logits: np.ndarray, position: int, top=None) -> tuple[int, np.ndarray]:
         return self.heads.sample(logits, self.params, position_uniform(self.draft_key, position))
 
     def verify(self, target_logits: np.ndarray, drafts: list[int],

@@ -12,7 +12,7 @@ from pathlib import Path
 from time import perf_counter, strftime
 
 from ssd_graphs.heads import write_heads
-from ssd_graphs.trace import OPSET, TracedModel, export_decoder
+from ssd_graphs.trace import OPSET, TracedModel, append_tops, export_decoder
 from ssd_runtime import __version__, contract
 from ssd_runtime.backends.trt import probe_tensorrt
 from ssd_runtime.errors import ConfigError
@@ -61,6 +61,8 @@ def export_bundle(config: ExportConfig) -> Manifest:
         for loaded in (target, draft):
             traced[loaded.role], parity[loaded.role] = _trace_checked(
                 loaded, root / loaded.role / "model.onnx", max_context, config, graph, log)
+        if traced["draft"].graph == contract.ORT:        # CPU bundles: the loop reads these
+            append_tops(traced["draft"].path)
         quant, agreement = quantize_draft(traced["draft"], config.draft_quant, config.dtype,
                                           max_context, log)
         with log.stage("write heads and tokenizer"):

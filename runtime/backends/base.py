@@ -31,3 +31,8 @@ class ModelSession(Protocol):
     def prefill(self, token_ids: np.ndarray, past_len: int = 0) -> None:
         """Like forward, for any length up to max_context, logits discarded."""
         ...
+
+    def top(self) -> tuple[int, float] | None:
+        """The last call's last-row argmax and its softmax probability when the graph gives
+        them (contract.TOP_ID, TOP_PROB: "ort" flavour drafts), else None."""
+        ...

@@ -107,6 +107,7 @@ class OrtCpuSession:
         self.logits_dtype = _DTYPES[entry.logits_dtype]
         if self.in_place:
             self._bind_whole_caches()
+        self._top = self._bind_tops()
 
     def _open(self, path: Path, threads: int | None):
         import onnxruntime as ort
@@ -193,6 +194,24 @@ class OrtCpuSession:
             self._bind_in(past_v, kv_type, whole, v_ptr)
             self._bind_out(present_k, kv_type, whole, k_ptr)
             self._bind_out(present_v, kv_type, whole, v_ptr)
+
+    def top(self) -> tuple[int, float] | None:
+        """The last call's last-row argmax and its probability, where the graph computes them
+        (contract.TOP_ID, TOP_PROB); else None."""
+        if self._top is None:
+            return None
+        top_id, top_prob = self._top
+        return int(top_id[0]), float(top_prob[0])
+
+    def _bind_tops(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Bound once, like the whole caches: only the ort flavour never clears its bindings."""
+        outputs = {o.name for o in self.session.get_outputs()}
+        if not self.in_place or not {contract.TOP_ID, contract.TOP_PROB} <= outputs:
+            return None
+        top_id, top_prob = np.zeros(1, np.int64), np.zeros(1, np.float32)
+        self._bind_out(contract.TOP_ID, np.int64, (1,), top_id.ctypes.data)
+        self._bind_out(contract.TOP_PROB, np.float32, (1,), top_prob.ctypes.data)
+        return top_id, top_prob
 
     def _check_io(self) -> None:
         found_in = [i.name for i in self.session.get_inputs()]

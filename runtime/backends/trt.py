@@ -114,6 +114,9 @@ class TrtSession:
         return DeviceLogits(self.logits.ptr, n, self.entry.vocab_size, np.float32, "cuda",
                             self._rows_to_host, self.device_id)
 
+    def top(self) -> None:
+        return None                  # engines are built from standard graphs, which have none
+
     def prefill(self, token_ids: np.ndarray, past_len: int = 0) -> None:
         for start in range(0, len(token_ids), self.prefill_chunk):
             chunk = token_ids[start:start + self.prefill_chunk]

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from ssd_runtime import Generator
-from ssd_runtime.perf import Acceptance, AdaptiveK, CostModel, expected_tokens
+from ssd_runtime.perf import Acceptance, AdaptiveK, CostModel, expected_tokens, top_probability
 
 
 def gpu_like() -> CostModel:      # v(k) ≈ 1, a cheap draft
@@ -98,9 +98,22 @@ def test_adaptive_stops_drafting_when_the_draft_is_unsure():
     assert not sched.keep_drafting(3, unsure)
     sched.next_k()                                   # the next round starts afresh
     assert sched.keep_drafting(1, confident)
+    # the graph's own (argmax, probability) is taken over the logits when given
+    assert sched.keep_drafting(2, unsure, (0, 0.99)) and not sched.keep_drafting(3, confident,
+                                                                                 (0, 0.3))
     # the round never drafts past its plan
     sched = AdaptiveK(gpu_like(), max_k=2, learnt=learnt)
     assert sched.next_k() == 2 and not sched.keep_drafting(2, confident)
+
+
+def test_top_probability_is_the_softmax_maximum():
+    rng = np.random.default_rng(0)
+    scratch = np.empty(300, np.float32)
+    for scale in (0.1, 3.0, 40.0):
+        row = (rng.standard_normal(300) * scale).astype(np.float32)
+        probs = np.exp(row.astype(np.float64) - row.max())
+        assert top_probability(row, scratch) == pytest.approx(probs.max() / probs.sum(), rel=1e-5)
+    assert top_probability(np.full(300, np.nan, np.float32), scratch) == 0.0
 
 
 def test_auto_on_a_real_bundle(bundle_factory):

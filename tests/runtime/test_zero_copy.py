@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnxruntime as ort
+import pytest
 
 from ssd_runtime import Generator, contract
 
@@ -79,3 +80,21 @@ def test_ort_flavour_updates_the_cache_in_place(bundle_factory):
     # rolled back to past_len 4 over rows a rejected continuation wrote: the same logits again
     session.forward(np.array([200, 201, 202], np.int64), 4)
     np.testing.assert_allclose(session.forward(ids[4:], 4), logits, atol=1e-6)
+
+
+def test_an_ort_draft_gives_its_last_rows_argmax_and_probability(bundle_factory):
+    """contract.TOP_ID / TOP_PROB: what greedy drafting and adaptive k read after every draft
+    step, from the graph (quantized or not); standard graphs and targets have none."""
+    for quant in ("none", "int8"):
+        gen = Generator.load(bundle_factory("llama", "llama_cut", draft_quant=quant), threads=1)
+        draft = gen.draft
+        assert gen.manifest.draft.quant == quant and gen.target.top() is None
+        draft.prefill(np.array([0, 5, 9], np.int64))
+        for ids, past_len in (([17, 33, 64], 3), ([100], 6), ([7], 7)):
+            row = draft.forward(np.array(ids, np.int64), past_len)[-1].astype(np.float64)
+            token, prob = draft.top()
+            probs = np.exp(row - row.max())
+            assert token == int(np.argmax(row))
+            assert prob == pytest.approx(probs.max() / probs.sum(), rel=1e-5)
+    standard = Generator.load(bundle_factory("llama", "llama_cut", graph="standard"))
+    assert standard.draft.top() is None
