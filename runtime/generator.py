@@ -17,7 +17,7 @@ from .drafting import SequentialDrafter, SplitDrafter
 from .errors import ConfigError
 from .heads import HeadSessions
 from .loop import Stats, decode
-from .perf import Acceptance, AdaptiveK, CostModel, FixedK, calibrate
+from .perf import Acceptance, AdaptiveK, CostModel, FixedK, RoundTimes, calibrate
 from .manifest import Manifest, read_manifest
 from .sampling import SamplingParams
 from .text import TextCodec, TextStream
@@ -52,6 +52,7 @@ class Generator:
         self.last_result: GenerationResult | None = None
         self._cost: CostModel | None = None
         self._learnt: dict[str, Acceptance] = {}     # k="auto": what earlier calls saw
+        self._times: dict[str, RoundTimes] = {}      # ... and how long their rounds took, by mode
 
     @classmethod
     def load(cls, bundle: str | Path, backend: str = "auto", threads: Threads = None,
@@ -95,9 +96,7 @@ class Generator:
         text = TextStream(self.codec, list(stop or []))
         rule = make_rule(params, self.heads)
         kind = "greedy" if params.greedy else "sampled"
-        schedule = AdaptiveK(self.cost_model(), self.manifest.max_draft,
-                             self._learnt.setdefault(kind, Acceptance())) if k == "auto" \
-            else FixedK(k)
+        schedule = self._adaptive(kind, mode) if k == "auto" else FixedK(k)
         drafter = DRAFTERS[mode](self.draft, rule, schedule)
         rounds = decode(self.target, drafter, rule, ids, max_new_tokens, schedule, self.eos_ids,
                         stats)
@@ -114,6 +113,15 @@ class Generator:
         if text.stopped:
             stats.stop_reason = "stop"
         self.last_result = GenerationResult(text.ids, text.text, stats.stop_reason, stats)
+
+    def _adaptive(self, kind: str, mode: Mode) -> AdaptiveK:
+        """k="auto", starting from what earlier calls learnt: acceptance per decoding kind
+        (greedy, sampled), round times per mode."""
+        cost, max_draft = self.cost_model(), self.manifest.max_draft
+        if mode not in self._times:
+            self._times[mode] = RoundTimes.from_cost(cost, max_draft)
+        return AdaptiveK(cost, max_draft, self._learnt.setdefault(kind, Acceptance()),
+                         self._times[mode])
 
     def encode(self, text: str) -> list[int]:
         return self.codec.encode(text)

@@ -94,7 +94,7 @@ def decode(target: ModelSession, drafter: SequentialDrafter,
             logits = target.forward(np.asarray([seq[-1], *drafts], np.int64), target_len)
             t2 = perf_counter()
             j, t = rule.verify(logits, drafts, draft_probs)
-            schedule.observe(len(drafts), j)
+            schedule.observe(len(drafts), j, t2 - t0)
             target_len += j + 1              # rows for last, d1..dj stay valid
             drafter.settle(target_len, j == len(drafts), t)
             new = [*drafts[:j], t]

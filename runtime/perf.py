@@ -112,7 +112,7 @@ class FixedK:
     def keep_drafting(self, drafted: int, logits: np.ndarray, top=None) -> bool:
         return True
 
-    def observe(self, drafted: int, accepted: int) -> None:
+    def observe(self, drafted: int, accepted: int, seconds: float | None = None) -> None:
         pass
 
 
@@ -215,39 +215,56 @@ class Acceptance:
 
 
 @dataclass
+class RoundTimes:
+    """Seconds a round takes by how many tokens it drafts (its drafting and its verification),
+    from the calibration at first, then from the rounds themselves: each round moves its own
+    entry a tenth of the way to what it took (clipped to half or twice the entry, so one
+    preempted round cannot). The calibration times each model alone at one past length; in
+    the loop the verification of k + 1 tokens measured flatter in k than calibrated (8 and 9
+    tokens 1.86-2.01 target steps against 2.12 calibrated), and the machine itself changes."""
+
+    seconds: list[float]
+    weight: float = 0.1
+
+    @classmethod
+    def from_cost(cls, cost: CostModel, max_k: int) -> RoundTimes:
+        return cls([cost.round_cost(k) * cost.target_step for k in range(max_k + 1)])
+
+    def observe(self, drafted: int, seconds: float) -> None:
+        if drafted < len(self.seconds):
+            old = self.seconds[drafted]
+            self.seconds[drafted] = old + self.weight * (min(max(seconds, 0.5 * old), 2 * old) - old)
+
+
+@dataclass
 class AdaptiveK:
     """Choose k each round to maximise expected tokens per unit time.
 
-    No draft at all when the model's best k at the learnt α is 0. Otherwise drafting
-    goes on, up to max_k, while one more token is worth its price: it adds
-    P(every token so far survives) · α expected tokens for c + Δv of time, and the
-    round stops once that falls below the rate the model promises at its best k
-    (tokens per target step: the marginal-value rule). P(survive) multiplies the learnt
-    acceptance rate of each drafted token's confidence, so the threshold comes from the
-    same model and needs no tuning. Measured on the demo pair, this beats drafting the
-    model's best fixed k every round: acceptance comes in runs, which a geometric α
-    cannot see but the per-token confidence does.
+    The plan: the k that maximises (1 + α + … + α^k) / seconds(k), α learnt online and
+    seconds(k) from RoundTimes; no draft at all when that is 0. Otherwise drafting goes on,
+    up to max_k, while more tokens are worth their time: drafting m more adds
+    P(every token so far survives) · (α + … + α^m) expected tokens for
+    seconds(d + m) - seconds(d), and the round stops once no m pays at the rate the plan
+    promises (the marginal-value rule, looking ahead because the verification's cost climbs
+    in steps: kernel tiles). P(survive) multiplies the learnt acceptance rate of each drafted
+    token's confidence, so the threshold comes from the same model and needs no tuning.
     """
 
     cost: CostModel
     max_k: int
     learnt: Acceptance = field(default_factory=Acceptance)
+    times: RoundTimes | None = None
     _k: int = 0                   # this round's cap
     _survive: float = 1.0
-    _rate: float = 1.0
     _tops: list[float] = field(default_factory=list)
     _buf: np.ndarray | None = None
+    _plan: tuple[int, list[float]] = (0, [])    # the plan's k and the thresholds on P(survive)
+    _planned_alpha: float = -1.0
+    _rounds: int = 0
 
     def __post_init__(self) -> None:
-        # the marginal verify cost of one more token, averaged over k: v(k) itself moves in
-        # steps (kernel tiles), which would make single-token decisions jumpy
-        top = len(self.cost.verify) - 1
-        self._dv = (self.cost.v(top) - self.cost.v(0)) / top if top else 0.0
-        # next_k and keep_drafting run every round and every draft step, on caches the models
-        # have just swept: what does not change is worked out once (in the loop these calls
-        # took ~70 µs a round, 3.6%, before)
-        self._round_costs = [self.cost.round_cost(k) for k in range(self.max_k + 1)]
-        self._step_price = self.cost.c + self._dv
+        if self.times is None:
+            self.times = RoundTimes.from_cost(self.cost, self.max_k)
 
     @property
     def uses_draft(self) -> bool:
@@ -258,36 +275,55 @@ class AdaptiveK:
         return self.learnt.alpha
 
     def next_k(self) -> int:
+        # next_k and keep_drafting run every round and every draft step, on caches the models
+        # have just swept: the plan is worked out again only when α or the times have moved
         alpha = min(self.alpha, 0.999)
-        # the model's best k at this α (CostModel.best_k, without its calls): the rate, in
-        # tokens per target step, of 1 + α + … + α^k tokens for round_cost(k)
-        best, rate, power, costs = 0, 1.0 / self._round_costs[0], alpha, self._round_costs
-        for k in range(1, self.max_k + 1):
+        if abs(alpha - self._planned_alpha) > 0.01 or self._rounds >= 8:
+            self._plan, self._planned_alpha, self._rounds = self._make_plan(alpha), alpha, 0
+        self._rounds += 1
+        # The plan is only a cap: the stopping rule below ends the round where no more tokens
+        # are worth their time and knows more than α does (each token's confidence), so a
+        # round may run to max_k; none is drafted when not even one token pays at this α.
+        k = self.max_k if self._plan[0] else 0
+        self._k, self._survive, self._tops = k, 1.0, []
+        return k
+
+    def _make_plan(self, alpha: float) -> tuple[int, list[float]]:
+        seconds, n = self.times.seconds, self.max_k
+        best, rate, power = 0, 1.0 / seconds[0], alpha
+        for k in range(1, n + 1):
             power *= alpha
-            r = (1.0 - power) / (1.0 - alpha) / costs[k]
+            r = (1.0 - power) / (1.0 - alpha) / seconds[k]
             if r > rate:
                 best, rate = k, r
-        # The plan is only a cap: the stopping rule below ends the round at the first token
-        # not worth its price and knows more than α does (each token's confidence), so a
-        # round may run to max_k; none is drafted when not even one token pays at this α.
-        k = self.max_k if best else 0
-        self._k, self._survive, self._tops, self._rate = k, 1.0, [], rate
-        return k
+        # thresholds[d]: after d drafted tokens, go on iff P(survive) > min over m of
+        # rate · (seconds(d + m) - seconds(d)) / (α + … + α^m)
+        thresholds = []
+        for d in range(n):
+            gain, power, lowest = 0.0, 1.0, float("inf")
+            for m in range(1, n - d + 1):
+                power *= alpha
+                gain += power
+                lowest = min(lowest, rate * (seconds[d + m] - seconds[d]) / gain)
+            thresholds.append(lowest)
+        return best, thresholds
 
     def keep_drafting(self, drafted: int, logits: np.ndarray,
                       top: tuple[int, float] | None = None) -> bool:
-        """After each draft step: is one more token worth its price? `top`: the graph's (argmax,
+        """After each draft step: are more tokens worth their time? `top`: the graph's (argmax,
         probability) of the last row, else the probability is worked out from `logits`."""
         top = top[1] if top is not None else \
             top_probability(logits[-1], self._scratch(logits.shape[-1]))
         self._tops.append(top)
         self._survive *= self.learnt.chance(top, len(self._tops) - 1)   # P(all so far accepted)
-        if drafted >= self._k:
-            return False
-        return self._survive * self.alpha > self._rate * self._step_price
+        return drafted < self._k and self._survive > self._plan[1][drafted]
 
-    def observe(self, drafted: int, accepted: int) -> None:
+    def observe(self, drafted: int, accepted: int, seconds: float | None = None) -> None:
+        """A round drafted `drafted` tokens, `accepted` passed, and drafting plus verification
+        took `seconds`."""
         self.learnt.observe(drafted, accepted, self._tops[:drafted])
+        if seconds is not None:
+            self.times.observe(drafted, seconds)
 
     def _scratch(self, vocab: int) -> np.ndarray:
         if self._buf is None or len(self._buf) != vocab:

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from ssd_runtime import Generator
-from ssd_runtime.perf import Acceptance, AdaptiveK, CostModel, expected_tokens, top_probability
+from ssd_runtime.perf import (Acceptance, AdaptiveK, CostModel, RoundTimes, expected_tokens,
+                              top_probability)
 
 
 def gpu_like() -> CostModel:      # v(k) ≈ 1, a cheap draft
@@ -106,6 +107,38 @@ def test_adaptive_stops_drafting_when_the_draft_is_unsure():
     assert sched.next_k() == 2 and not sched.keep_drafting(2, confident)
 
 
+def test_round_times_follow_the_rounds_but_not_one_outlier():
+    times = RoundTimes([1.0, 2.0])
+    times.observe(1, 100.0)                  # a preempted round moves it at most as if 2x
+    assert times.seconds == [1.0, pytest.approx(2.2)]
+    for _ in range(100):
+        times.observe(1, 1.5)
+    assert times.seconds[1] == pytest.approx(1.5, rel=1e-3)
+    times.observe(5, 1.0)                    # past max_k (a bundle re-read elsewhere): ignored
+    assert len(times.seconds) == 2
+
+
+def test_adaptive_drafts_on_where_the_rounds_show_more_tokens_cost_little():
+    """Tokens of middling confidence: with round times climbing 0.3 a token the round stops
+    early; once the rounds measure that past 3 tokens more cost next to nothing, it goes on."""
+    sched = AdaptiveK(gpu_like(), 8, Acceptance(accepted=8.0, rejected=2.0),      # α = 0.8
+                      RoundTimes([1.0 + 0.3 * k for k in range(9)]))
+
+    def drafted_in_a_round() -> int:
+        for _ in range(8):                   # the plan is refreshed every 8 rounds
+            sched.next_k()
+        n = 1
+        while sched.keep_drafting(n, np.zeros((1, 4))):     # top 0.25: a tenth with no data
+            n += 1
+        return n
+
+    steep = drafted_in_a_round()
+    for _ in range(60):
+        for k in range(9):
+            sched.times.observe(k, 1.0 + 0.3 * min(k, 3) + 0.01 * k)
+    assert steep < 8 and drafted_in_a_round() == 8
+
+
 def test_top_probability_is_the_softmax_maximum():
     rng = np.random.default_rng(0)
     scratch = np.empty(300, np.float32)
@@ -125,5 +158,6 @@ def test_auto_on_a_real_bundle(bundle_factory):
     assert res.stats.k == "auto" and res.stats.mean_k < 0.5
     # with GPU-like costs the same pair (α = 1) drafts long rounds
     gen._cost = gpu_like()
+    gen._times.clear()                 # the round times learnt so far came from the real costs
     res = gen.generate([0, 5, 9], max_new_tokens=64, k="auto")
     assert res.stats.acceptance_rate == 1.0 and res.stats.mean_k > 3
