@@ -34,6 +34,9 @@ class Adapter:
     project_out: str | None = None        # before the LM head
     positions: Positions = "rope"
     rotary: str = "model.rotary_emb"      # rope: module with inv_freq and attention_scaling
+    layer_rope: tuple[str | None, ...] | None = None  # per layer: the rotary module's table
+                                          # prefix (Gemma 3: "sliding_attention_"), None: no
+                                          # RoPE on that layer (SmolLM3); None: "" everywhere
     pos_embed: str | None = None          # learned: embedding table read at position_ids + offset
     pos_offset: int = 0
     # --- a layer ----------------------------------------------------------------------
@@ -159,28 +162,30 @@ def adapter_for(model: Any, source: str) -> Adapter:
         raise ConfigError(f"{source}: architecture {name} is not supported. Supported: "
                           f"{', '.join(supported_architectures())}.")
     adapter = REGISTRY[name](model.config)
-    kind = rope_type(model.config)
-    if adapter.positions == "rope" and kind not in STATIC_ROPE_TYPES + BOUNDED_ROPE_TYPES:
-        raise ConfigError(f"{source}: RoPE type {kind!r} is not supported; supported: "
-                          f"{', '.join(STATIC_ROPE_TYPES + BOUNDED_ROPE_TYPES)}.")
+    for kind, _ in _rope_kinds(model.config):
+        if adapter.positions == "rope" and kind not in STATIC_ROPE_TYPES + BOUNDED_ROPE_TYPES:
+            raise ConfigError(f"{source}: RoPE type {kind!r} is not supported; supported: "
+                              f"{', '.join(STATIC_ROPE_TYPES + BOUNDED_ROPE_TYPES)}.")
     return adapter
 
 
 def check_rope_context(model: Any, source: str, max_context: int) -> None:
     """Refuse a context past which Hugging Face would change the RoPE frequencies."""
     config = model.config
-    kind = rope_type(config)
-    if kind not in BOUNDED_ROPE_TYPES or REGISTRY[type(model).__name__](config).positions != "rope":
+    if REGISTRY[type(model).__name__](config).positions != "rope":
         return
-    params = _rope_params(config)
-    limit = int(params.get("original_max_position_embeddings")
-                or getattr(config, "original_max_position_embeddings", 0)
-                or config.max_position_embeddings) if kind == "longrope" \
-        else int(config.max_position_embeddings)
-    if max_context > limit:
-        raise ConfigError(f"{source}: RoPE type {kind!r} changes its frequencies past {limit} "
-                          f"positions, which one graph cannot reproduce; max_context is "
-                          f"{max_context}. ---> HINT: export with --max-context {limit} or less.")
+    for kind, params in _rope_kinds(config):
+        if kind not in BOUNDED_ROPE_TYPES:
+            continue
+        limit = int(params.get("original_max_position_embeddings")
+                    or getattr(config, "original_max_position_embeddings", 0)
+                    or config.max_position_embeddings) if kind == "longrope" \
+            else int(config.max_position_embeddings)
+        if max_context > limit:
+            raise ConfigError(f"{source}: RoPE type {kind!r} changes its frequencies past "
+                              f"{limit} positions, which one graph cannot reproduce; max_context "
+                              f"is {max_context}. ---> HINT: export with --max-context {limit} "
+                              f"or less.")
 
 
 def sliding_windows(config: Any) -> tuple[int | None, ...]:
@@ -193,14 +198,14 @@ def sliding_windows(config: Any) -> tuple[int | None, ...]:
     return (window,) * n if window else (None,) * n
 
 
-def rope_type(config: Any) -> str:
-    params = _rope_params(config)
-    return params.get("rope_type", params.get("type", "default"))
-
-
-def _rope_params(config: Any) -> dict:
+def _rope_kinds(config: Any) -> list[tuple[str, dict]]:
+    """(type, parameters) per set of RoPE parameters: one, or one per layer type (Gemma 3)."""
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
-    return params if isinstance(params, dict) else {}
+    if not isinstance(params, dict):
+        return [("default", {})]
+    sets = list(params.values()) if params and all(isinstance(v, dict) or v is None
+                                                   for v in params.values()) else [params]
+    return [(p.get("rope_type", p.get("type", "default")), p) for p in sets if p]
 
 
 def get_path(obj: Any, path: str | None) -> Any:

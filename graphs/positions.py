@@ -15,14 +15,20 @@ from torch import nn
 class Rope(nn.Module):
     """cos/sin tables for absolute positions; rotates the first R = 2·len(inv_freq) dims."""
 
-    def __init__(self, rotary: nn.Module) -> None:
+    def __init__(self, inv_freq: torch.Tensor, scale: float = 1.0) -> None:
         super().__init__()
-        # the load-time frequencies, even if a long forward pass has since changed inv_freq
-        inv_freq = getattr(rotary, "original_inv_freq", None)
-        inv_freq = rotary.inv_freq if inv_freq is None else inv_freq
         self.register_buffer("inv_freq", inv_freq.detach().float().clone(), persistent=False)
-        self.scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self.scale = scale
         self.rotary_dim = 2 * self.inv_freq.numel()
+
+    @classmethod
+    def from_module(cls, rotary: nn.Module, prefix: str = "") -> Rope:
+        """From a Hugging Face rotary module's `{prefix}inv_freq` and `{prefix}attention_scaling`
+        (Gemma 3 keeps one pair per layer type: prefix "sliding_attention_")."""
+        # the load-time frequencies, even if a long forward pass has since changed inv_freq
+        inv_freq = getattr(rotary, f"{prefix}original_inv_freq", None)
+        inv_freq = getattr(rotary, f"{prefix}inv_freq") if inv_freq is None else inv_freq
+        return cls(inv_freq, float(getattr(rotary, f"{prefix}attention_scaling", 1.0)))
 
     def tables(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         freqs = position_ids[..., None].float() * self.inv_freq     # (B, T, R/2)
