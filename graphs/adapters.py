@@ -37,6 +37,9 @@ class Adapter:
     layer_rope: tuple[str | None, ...] | None = None  # per layer: the rotary module's table
                                           # prefix (Gemma 3: "sliding_attention_"), None: no
                                           # RoPE on that layer (SmolLM3); None: "" everywhere
+    rope_base: tuple[float, int] | None = None  # (base, rotary dims) for a rotary module
+                                          # without inv_freq (GPT-J's sin/cos table)
+    rope_interleaved: bool = False        # rotate pairs (2j, 2j+1), not (j, j + R/2)
     pos_embed: str | None = None          # learned: embedding table read at position_ids + offset
     pos_offset: int = 0
     # --- a layer ----------------------------------------------------------------------

@@ -114,7 +114,7 @@ class Decoder(nn.Module):
                               "GroupQueryAttention takes no per-head slopes); export with "
                               "--graph standard.")
         self.ort_rotary = (len(self.ropes) > 0 and a.q_norm is None and all(
-            r.rotary_dim == self.heads.head_dim for r in self.ropes.values()))
+            r.rotary_dim == self.heads.head_dim and not r.interleaved for r in self.ropes.values()))
         self.ort_caches: dict[str, tuple[str, str]] = {}    # rope key -> buffer names
         for key, rope in (self.ropes.items() if self.ort_rotary else ()):
             freqs = torch.arange(max_context, dtype=torch.float32)[:, None] * rope.inv_freq
@@ -192,11 +192,12 @@ def _ropes(model: nn.Module, a: Adapter, n_layers: int) -> tuple[nn.ModuleDict, 
     prefixes = a.layer_rope if a.layer_rope is not None else ("",) * n_layers
     assert len(prefixes) == n_layers, (len(prefixes), n_layers)
     keys = [None if p is None else (p.rstrip("_") or "rope") for p in prefixes]
-    rotary = get_path(model, a.rotary)
+    rotary = None if a.rope_base else get_path(model, a.rotary)
     ropes = nn.ModuleDict()
     for prefix, key in zip(prefixes, keys):
         if key is not None and key not in ropes:
-            ropes[key] = Rope.from_module(rotary, prefix)
+            ropes[key] = Rope.from_base(*a.rope_base, a.rope_interleaved) if a.rope_base \
+                else Rope.from_module(rotary, prefix, a.rope_interleaved)
     return ropes, keys
 
 
