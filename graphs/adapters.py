@@ -27,6 +27,7 @@ class Adapter:
 
     # --- top level (from the model) -----------------------------------------------------
     embed: str = "model.embed_tokens"     # called as a module; Gemma's scales by sqrt(hidden)
+    embed_scale: float = 1.0              # times the embedding output (Granite's multiplier)
     layers: str = "model.layers"
     final_norm: str | None = "model.norm"
     lm_head: str = "lm_head"              # tied or not: whatever module Hugging Face calls
@@ -51,6 +52,7 @@ class Adapter:
     mlp_out_norm: str | None = None       # on the MLP output, before the residual add
     residual: Literal["sequential", "parallel"] = "sequential"  # parallel: x + attn(.) + mlp(.)
     norm_position: Literal["pre", "post"] = "pre"
+    residual_scale: float = 1.0           # x += scale · attn(.), likewise the MLP (Granite)
     # --- the attention module ---------------------------------------------------------
     q: str = "q_proj"
     k: str = "k_proj"
@@ -65,6 +67,7 @@ class Adapter:
     num_kv_heads: int | None = None       # None: config.num_key_value_heads, else all heads
     attn_softcap: float | None = None     # scores = cap * tanh(scores / cap)
     logit_softcap: float | None = None
+    logit_scale: float = 1.0              # times the logits (Cohere; Granite's 1/logits_scaling)
     reference_attn: str | None = None     # attention implementation parity compares against
 
 

@@ -64,6 +64,8 @@ class Decoder(nn.Module):
                 *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
         a = self.adapter
         x = self.embed(input_ids)                                   # (B, T, E)
+        if a.embed_scale != 1.0:
+            x = x * a.embed_scale
         if self.project_in is not None:
             x = self.project_in(x)                                  # (B, T, H)
         if self.pos_embed is not None:                              # learned absolute positions
@@ -92,6 +94,8 @@ class Decoder(nn.Module):
         if self.project_out is not None:
             x = self.project_out(x)
         logits = self.lm_head(x).float()                            # (B, T, V)
+        if a.logit_scale != 1.0:
+            logits = logits * a.logit_scale
         if a.logit_softcap is not None:
             logits = torch.tanh(logits / a.logit_softcap) * a.logit_softcap
         return logits
@@ -155,9 +159,10 @@ class Decoder(nn.Module):
                bias: torch.Tensor | None, ort: OrtAttention | None = None):
         """One block: pre- or post-norm, sequential or parallel residual.
 
-            sequential pre:  x += attn(norm(x));  x += mlp(mlp_norm(x))
+            sequential pre:  x += s·attn(norm(x));  x += s·mlp(mlp_norm(x))
             parallel:        x += attn(norm(x)) + mlp(mlp_norm(x) or norm(x))
             sequential post: x = norm(x + attn(x));  x = mlp_norm(x + mlp(x))
+        s is the residual scale (1 but for Granite).
         """
         a = self.adapter
         post = a.norm_position == "post"
@@ -171,10 +176,14 @@ class Decoder(nn.Module):
         if a.residual == "parallel":
             m = self._mlp(layer, mlp_norm(x) if mlp_norm is not None else h)
             return x + attn_out + m, new_k, new_v
-        x = norm(x + attn_out) if post else x + attn_out
+        x = norm(x + attn_out) if post else x + self._scaled(attn_out)
         m = self._mlp(layer, x if post else mlp_norm(x))
-        x = mlp_norm(x + m) if post else x + m
+        x = mlp_norm(x + m) if post else x + self._scaled(m)
         return x, new_k, new_v
+
+    def _scaled(self, branch: torch.Tensor) -> torch.Tensor:
+        scale = self.adapter.residual_scale
+        return branch if scale == 1.0 else branch * scale
 
     def _mlp(self, layer: nn.Module, h: torch.Tensor) -> torch.Tensor:
         for name in self.adapter.mlp:
