@@ -14,6 +14,7 @@ from ssd_runtime.errors import ConfigError
 
 Positions = Literal["rope", "learned", "alibi"]
 QkvLayout = Literal["split", "grouped"]
+QkNormOver = Literal["head", "heads_first", "projection"]
 
 
 @dataclass(frozen=True)
@@ -45,9 +46,11 @@ class Adapter:
     pos_offset: int = 0
     # --- a layer ----------------------------------------------------------------------
     attn: str = "self_attn"
-    input_norm: str = "input_layernorm"   # before attention (after the residual add if "post")
+    input_norm: str | None = "input_layernorm"  # before attention (after the residual add if
+                                          # "post"); None: none (OLMo 2 norms outputs instead)
     attn_out_norm: str | None = None      # on the attention output, before the residual add
     mlp_norm: str | None = "post_attention_layernorm"  # None: the MLP reads input_norm's output
+                                          # (parallel) or the residual stream (sequential)
     mlp: tuple[str, ...] = ("mlp",)       # modules applied in turn
     mlp_out_norm: str | None = None       # on the MLP output, before the residual add
     residual: Literal["sequential", "parallel"] = "sequential"  # parallel: x + attn(.) + mlp(.)
@@ -60,8 +63,11 @@ class Adapter:
     qkv: str | None = None                # one fused projection instead of q, k, v
     qkv_layout: QkvLayout = "split"       # split: [q | k | v]; grouped: per KV head [q*G, k, v]
     o: str = "o_proj"
-    q_norm: str | None = None             # per-head norms on q and k (Qwen 3)
+    q_norm: str | None = None             # norms on q and k (Qwen 3, OLMo 2)
     k_norm: str | None = None
+    qk_norm_over: QkNormOver = "head"     # what they read: (B, T, n, D) per head, (B, n, T, D)
+                                          # (StableLM's per-head module list), or the whole
+                                          # projection (B, T, n·D) (OLMo 2)
     head_dim: str = "head_dim"            # attribute names on the attention module
     scaling: str = "scaling"
     num_kv_heads: int | None = None       # None: config.num_key_value_heads, else all heads

@@ -162,11 +162,13 @@ class Decoder(nn.Module):
             sequential pre:  x += s·attn(norm(x));  x += s·mlp(mlp_norm(x))
             parallel:        x += attn(norm(x)) + mlp(mlp_norm(x) or norm(x))
             sequential post: x = norm(x + attn(x));  x = mlp_norm(x + mlp(x))
-        s is the residual scale (1 but for Granite).
+
+        A missing norm is the identity; attn(.) and mlp(.) include their output norms; s is
+        the residual scale (1 but for Granite).
         """
         a = self.adapter
         post = a.norm_position == "post"
-        norm = getattr(layer, a.input_norm)
+        norm = _module(layer, a.input_norm)
         mlp_norm = getattr(layer, a.mlp_norm) if a.mlp_norm is not None else None
         h = x if post else norm(x)
         attn_out, new_k, new_v = attention(getattr(layer, a.attn), a, self.heads, scaling, h,
@@ -177,7 +179,7 @@ class Decoder(nn.Module):
             m = self._mlp(layer, mlp_norm(x) if mlp_norm is not None else h)
             return x + attn_out + m, new_k, new_v
         x = norm(x + attn_out) if post else x + self._scaled(attn_out)
-        m = self._mlp(layer, x if post else mlp_norm(x))
+        m = self._mlp(layer, x if post or mlp_norm is None else mlp_norm(x))
         x = mlp_norm(x + m) if post else x + self._scaled(m)
         return x, new_k, new_v
 
@@ -191,6 +193,10 @@ class Decoder(nn.Module):
         if self.adapter.mlp_out_norm is not None:
             h = getattr(layer, self.adapter.mlp_out_norm)(h)
         return h
+
+
+def _module(layer: nn.Module, name: str | None) -> nn.Module:
+    return nn.Identity() if name is None else getattr(layer, name)
 
 
 def _ropes(model: nn.Module, a: Adapter, n_layers: int) -> tuple[nn.ModuleDict, list[str | None]]:
