@@ -149,11 +149,24 @@ def _falcon(config: Any) -> Adapter:
                    reference_attn="sdpa" if config.alibi else None)
 
 
+def _gemma3(config: Any) -> Adapter:
+    # Gemma 3 (text): q/k norms, 5 sliding layers per full one, and a RoPE table per layer
+    # type (local base 10k, global 1M) kept on the one rotary module under the type's name.
+    if getattr(config, "use_bidirectional_attention", False):
+        raise ConfigError("Gemma 3 with use_bidirectional_attention is an encoder, not a causal "
+                          "LM; ssd-export needs causal attention.")
+    return Adapter(attn_out_norm="post_attention_layernorm", mlp_norm="pre_feedforward_layernorm",
+                   mlp_out_norm="post_feedforward_layernorm", q_norm="q_norm", k_norm="k_norm",
+                   layer_rope=tuple(f"{t}_" for t in config.layer_types[:config.num_hidden_layers]),
+                   logit_softcap=config.final_logit_softcapping)
+
+
 REGISTRY: dict[str, Callable[[Any], Adapter]] = {
     "LlamaForCausalLM": _llama, "MistralForCausalLM": _llama, "Qwen2ForCausalLM": _llama,
     "GemmaForCausalLM": _llama, "Qwen3ForCausalLM": _qwen3, "Phi3ForCausalLM": _phi3,
     "Gemma2ForCausalLM": _gemma2, "GPT2LMHeadModel": _gpt2, "GPTNeoXForCausalLM": _gpt_neox,
     "OPTForCausalLM": _opt, "FalconForCausalLM": _falcon,
+    "Gemma3ForCausalLM": _gemma3,
 }
 
 # RoPE types whose frequencies Hugging Face fixes at load time, and those it keeps fixed

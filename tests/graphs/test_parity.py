@@ -15,9 +15,10 @@ MAX_CONTEXT = 256
 # fixture models (conftest `models`): name -> Hugging Face class
 CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
          "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM", "gemma": "GemmaForCausalLM",
-         "gemma2": "Gemma2ForCausalLM", "gpt2": "GPT2LMHeadModel",
-         "gpt_neox": "GPTNeoXForCausalLM", "opt": "OPTForCausalLM", "falcon": "FalconForCausalLM",
-         "falcon_alibi": "FalconForCausalLM", "falcon_new": "FalconForCausalLM"}
+         "gemma2": "Gemma2ForCausalLM", "gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM",
+         "opt": "OPTForCausalLM", "falcon": "FalconForCausalLM",
+         "falcon_alibi": "FalconForCausalLM", "falcon_new": "FalconForCausalLM",
+         "gemma3": "Gemma3ForCausalLM"}
 
 _ROPE = {"rope_theta": 10000.0}
 # config variants built in memory: name -> (tiny kind, config overrides, max_context)
@@ -162,8 +163,14 @@ def test_unknown_rope_type_is_refused(exported, tmp_path):
 
 
 def test_sliding_window_is_exercised(models):
-    """The Mistral and Gemma 2 fixtures' windows are shorter than parity's longest sequence."""
+    """The sliding-window fixtures' windows are shorter than parity's longest sequence."""
     from transformers import AutoConfig
 
-    for name in ("mistral", "gemma2"):
+    for name in ("mistral", "gemma2", "gemma3"):
         assert AutoConfig.from_pretrained(models[name]).sliding_window < 24
+
+
+def test_bidirectional_gemma3_is_refused():
+    config = tiny.config_for("gemma3", tiny.VOCAB, use_bidirectional_attention=True)
+    with pytest.raises(ConfigError, match=r"use_bidirectional_attention.*causal attention"):
+        REGISTRY["Gemma3ForCausalLM"](config)
