@@ -167,6 +167,7 @@ REGISTRY: dict[str, Callable[[Any], Adapter]] = {
     "Gemma2ForCausalLM": _gemma2, "GPT2LMHeadModel": _gpt2, "GPTNeoXForCausalLM": _gpt_neox,
     "OPTForCausalLM": _opt, "FalconForCausalLM": _falcon,
     "Gemma3ForCausalLM": _gemma3,
+    "Starcoder2ForCausalLM": _llama,
 }
 
 # RoPE types whose frequencies Hugging Face fixes at load time, and those it keeps fixed

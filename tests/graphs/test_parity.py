@@ -18,7 +18,7 @@ CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
          "gemma2": "Gemma2ForCausalLM", "gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM",
          "opt": "OPTForCausalLM", "falcon": "FalconForCausalLM",
          "falcon_alibi": "FalconForCausalLM", "falcon_new": "FalconForCausalLM",
-         "gemma3": "Gemma3ForCausalLM"}
+         "gemma3": "Gemma3ForCausalLM", "starcoder2": "Starcoder2ForCausalLM"}
 
 _ROPE = {"rope_theta": 10000.0}
 # config variants built in memory: name -> (tiny kind, config overrides, max_context)
@@ -166,7 +166,7 @@ def test_sliding_window_is_exercised(models):
     """The sliding-window fixtures' windows are shorter than parity's longest sequence."""
     from transformers import AutoConfig
 
-    for name in ("mistral", "gemma2", "gemma3"):
+    for name in ("mistral", "gemma2", "gemma3", "starcoder2"):
         assert AutoConfig.from_pretrained(models[name]).sliding_window < 24
 
 
