@@ -161,6 +161,14 @@ def _gemma3(config: Any) -> Adapter:
                    logit_softcap=config.final_logit_softcapping)
 
 
+def _granite(config: Any) -> Adapter:
+    # Llama with multipliers: embeddings, both residual branches, logits (divided);
+    # the attention multiplier is the attention module's `scaling`.
+    return Adapter(embed_scale=config.embedding_multiplier,
+                   residual_scale=config.residual_multiplier,
+                   logit_scale=1.0 / config.logits_scaling)
+
+
 REGISTRY: dict[str, Callable[[Any], Adapter]] = {
     "LlamaForCausalLM": _llama, "MistralForCausalLM": _llama, "Qwen2ForCausalLM": _llama,
     "GemmaForCausalLM": _llama, "Qwen3ForCausalLM": _qwen3, "Phi3ForCausalLM": _phi3,
@@ -168,6 +176,7 @@ REGISTRY: dict[str, Callable[[Any], Adapter]] = {
     "OPTForCausalLM": _opt, "FalconForCausalLM": _falcon,
     "Gemma3ForCausalLM": _gemma3,
     "Starcoder2ForCausalLM": _llama,
+    "GraniteForCausalLM": _granite,
 }
 
 # RoPE types whose frequencies Hugging Face fixes at load time, and those it keeps fixed

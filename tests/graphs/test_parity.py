@@ -18,7 +18,8 @@ CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
          "gemma2": "Gemma2ForCausalLM", "gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM",
          "opt": "OPTForCausalLM", "falcon": "FalconForCausalLM",
          "falcon_alibi": "FalconForCausalLM", "falcon_new": "FalconForCausalLM",
-         "gemma3": "Gemma3ForCausalLM", "starcoder2": "Starcoder2ForCausalLM"}
+         "gemma3": "Gemma3ForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
+         "granite": "GraniteForCausalLM"}
 
 _ROPE = {"rope_theta": 10000.0}
 # config variants built in memory: name -> (tiny kind, config overrides, max_context)
