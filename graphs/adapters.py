@@ -169,6 +169,14 @@ def _granite(config: Any) -> Adapter:
                    logit_scale=1.0 / config.logits_scaling)
 
 
+def _olmo2(config: Any) -> Adapter:
+    # norms on the attention and MLP outputs, none before them; q/k norms over the whole
+    # projection (all heads at once)
+    return Adapter(input_norm=None, attn_out_norm="post_attention_layernorm", mlp_norm=None,
+                   mlp_out_norm="post_feedforward_layernorm", q_norm="q_norm", k_norm="k_norm",
+                   qk_norm_over="projection")
+
+
 REGISTRY: dict[str, Callable[[Any], Adapter]] = {
     "LlamaForCausalLM": _llama, "MistralForCausalLM": _llama, "Qwen2ForCausalLM": _llama,
     "GemmaForCausalLM": _llama, "Qwen3ForCausalLM": _qwen3, "Phi3ForCausalLM": _phi3,
@@ -177,6 +185,7 @@ REGISTRY: dict[str, Callable[[Any], Adapter]] = {
     "Gemma3ForCausalLM": _gemma3,
     "Starcoder2ForCausalLM": _llama,
     "GraniteForCausalLM": _granite,
+    "Olmo2ForCausalLM": _olmo2,
 }
 
 # RoPE types whose frequencies Hugging Face fixes at load time, and those it keeps fixed
