@@ -177,6 +177,12 @@ def _olmo2(config: Any) -> Adapter:
                    qk_norm_over="projection")
 
 
+def _smollm3(config: Any) -> Adapter:
+    # no_rope_layers[i] is 1 where layer i uses RoPE (every 4th layer has none)
+    return Adapter(layer_rope=tuple("" if use else None
+                                    for use in config.no_rope_layers[:config.num_hidden_layers]))
+
+
 REGISTRY: dict[str, Callable[[Any], Adapter]] = {
     "LlamaForCausalLM": _llama, "MistralForCausalLM": _llama, "Qwen2ForCausalLM": _llama,
     "GemmaForCausalLM": _llama, "Qwen3ForCausalLM": _qwen3, "Phi3ForCausalLM": _phi3,
@@ -186,6 +192,7 @@ REGISTRY: dict[str, Callable[[Any], Adapter]] = {
     "Starcoder2ForCausalLM": _llama,
     "GraniteForCausalLM": _granite,
     "Olmo2ForCausalLM": _olmo2,
+    "SmolLM3ForCausalLM": _smollm3,
 }
 
 # RoPE types whose frequencies Hugging Face fixes at load time, and those it keeps fixed

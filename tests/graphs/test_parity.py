@@ -19,7 +19,8 @@ CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
          "opt": "OPTForCausalLM", "falcon": "FalconForCausalLM",
          "falcon_alibi": "FalconForCausalLM", "falcon_new": "FalconForCausalLM",
          "gemma3": "Gemma3ForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
-         "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM"}
+         "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM",
+         "smollm3": "SmolLM3ForCausalLM"}
 
 _ROPE = {"rope_theta": 10000.0}
 # config variants built in memory: name -> (tiny kind, config overrides, max_context)
@@ -169,6 +170,17 @@ def test_sliding_window_is_exercised(models):
 
     for name in ("mistral", "gemma2", "gemma3", "starcoder2"):
         assert AutoConfig.from_pretrained(models[name]).sliding_window < 24
+
+
+def test_per_layer_rope_is_exercised(models):
+    """Gemma 3's fixture has a sliding and a full layer with different RoPE bases; SmolLM3's
+    has a layer with RoPE and one without."""
+    from transformers import AutoConfig
+
+    gemma3 = AutoConfig.from_pretrained(models["gemma3"])
+    assert set(gemma3.layer_types) == {"sliding_attention", "full_attention"}
+    assert len({p["rope_theta"] for p in gemma3.rope_parameters.values()}) == 2
+    assert set(AutoConfig.from_pretrained(models["smollm3"]).no_rope_layers) == {0, 1}
 
 
 def test_bidirectional_gemma3_is_refused():
