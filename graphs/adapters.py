@@ -183,6 +183,13 @@ def _smollm3(config: Any) -> Adapter:
                                     for use in config.no_rope_layers[:config.num_hidden_layers]))
 
 
+def _phi(config: Any) -> Adapter:
+    # phi-1/1.5/2: one LayerNorm feeding parallel attention and MLP, partial rotary
+    return Adapter(final_norm="model.final_layernorm", mlp_norm=None, residual="parallel",
+                   o="dense", q_norm="q_layernorm" if config.qk_layernorm else None,
+                   k_norm="k_layernorm" if config.qk_layernorm else None)
+
+
 REGISTRY: dict[str, Callable[[Any], Adapter]] = {
     "LlamaForCausalLM": _llama, "MistralForCausalLM": _llama, "Qwen2ForCausalLM": _llama,
     "GemmaForCausalLM": _llama, "Qwen3ForCausalLM": _qwen3, "Phi3ForCausalLM": _phi3,
@@ -193,6 +200,7 @@ REGISTRY: dict[str, Callable[[Any], Adapter]] = {
     "GraniteForCausalLM": _granite,
     "Olmo2ForCausalLM": _olmo2,
     "SmolLM3ForCausalLM": _smollm3,
+    "PhiForCausalLM": _phi,
 }
 
 # RoPE types whose frequencies Hugging Face fixes at load time, and those it keeps fixed

@@ -20,7 +20,7 @@ CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
          "falcon_alibi": "FalconForCausalLM", "falcon_new": "FalconForCausalLM",
          "gemma3": "Gemma3ForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
          "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM",
-         "smollm3": "SmolLM3ForCausalLM"}
+         "smollm3": "SmolLM3ForCausalLM", "phi": "PhiForCausalLM"}
 
 _ROPE = {"rope_theta": 10000.0}
 # config variants built in memory: name -> (tiny kind, config overrides, max_context)
