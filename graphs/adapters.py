@@ -190,6 +190,16 @@ def _phi(config: Any) -> Adapter:
                    k_norm="k_layernorm" if config.qk_layernorm else None)
 
 
+def _stablelm(config: Any) -> Adapter:
+    # per-head q/k LayerNorms are a module list that reads heads-first (B, n, T, D)
+    norms = bool(config.qk_layernorm)
+    parallel = bool(config.use_parallel_residual)
+    return Adapter(mlp_norm=None if parallel else "post_attention_layernorm",
+                   residual="parallel" if parallel else "sequential",
+                   q_norm="q_layernorm" if norms else None, k_norm="k_layernorm" if norms else None,
+                   qk_norm_over="heads_first")
+
+
 REGISTRY: dict[str, Callable[[Any], Adapter]] = {
     "LlamaForCausalLM": _llama, "MistralForCausalLM": _llama, "Qwen2ForCausalLM": _llama,
     "GemmaForCausalLM": _llama, "Qwen3ForCausalLM": _qwen3, "Phi3ForCausalLM": _phi3,
@@ -201,6 +211,7 @@ REGISTRY: dict[str, Callable[[Any], Adapter]] = {
     "Olmo2ForCausalLM": _olmo2,
     "SmolLM3ForCausalLM": _smollm3,
     "PhiForCausalLM": _phi,
+    "StableLmForCausalLM": _stablelm,
 }
 
 # RoPE types whose frequencies Hugging Face fixes at load time, and those it keeps fixed

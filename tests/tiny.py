@@ -41,7 +41,7 @@ def build_tokenizer(folder: Path):
 # are not powers of two, so Hugging Face's bfloat16 rounding of the bias shows.
 FALCON_ALIBI = dict(alibi=True, multi_query=False, parallel_attn=False, num_attention_heads=16)
 KINDS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2", "gpt_neox", "opt",
-         "falcon", "gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi")
+         "falcon", "gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm")
 
 
 def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra):
@@ -86,6 +86,7 @@ def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra
         "olmo2": ("Olmo2Config", llama_like),
         "smollm3": ("SmolLM3Config", {**llama_like, "no_rope_layer_interval": 2}),  # RoPE, NoPE
         "phi": ("PhiConfig", {**plain, "intermediate_size": 2 * hidden, "initializer_range": 0.25}),
+        "stablelm": ("StableLmConfig", {**llama_like, "num_key_value_heads": 2}),
     }
     if kind not in table:
         raise ValueError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")

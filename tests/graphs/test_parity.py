@@ -20,7 +20,7 @@ CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
          "falcon_alibi": "FalconForCausalLM", "falcon_new": "FalconForCausalLM",
          "gemma3": "Gemma3ForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
          "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM",
-         "smollm3": "SmolLM3ForCausalLM", "phi": "PhiForCausalLM"}
+         "smollm3": "SmolLM3ForCausalLM", "phi": "PhiForCausalLM", "stablelm": "StableLmForCausalLM"}
 
 _ROPE = {"rope_theta": 10000.0}
 # config variants built in memory: name -> (tiny kind, config overrides, max_context)
@@ -51,6 +51,9 @@ VARIANTS = {
                                        "num_ln_in_parallel_attn": 1}, MAX_CONTEXT),
     "falcon_sequential_rope": ("falcon", {"multi_query": False, "parallel_attn": False},
                                MAX_CONTEXT),
+    # StableLM 2 12B style: parallel residual, per-head q/k LayerNorms read heads-first
+    "stablelm_parallel_qk_norm": ("stablelm", {"use_parallel_residual": True,
+                                               "qk_layernorm": True}, MAX_CONTEXT),
 }
 
 
