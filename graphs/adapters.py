@@ -200,6 +200,16 @@ def _stablelm(config: Any) -> Adapter:
                    qk_norm_over="heads_first")
 
 
+def _gpt_bigcode(config: Any) -> Adapter:
+    # GPT-2 layout; c_attn is [q | k | v] with one KV head (multi-query), else per head [q, k, v]
+    mq = bool(config.multi_query)
+    return Adapter(embed="transformer.wte", layers="transformer.h", final_norm="transformer.ln_f",
+                   positions="learned", pos_embed="transformer.wpe", attn="attn",
+                   input_norm="ln_1", mlp_norm="ln_2", qkv="c_attn",
+                   qkv_layout="split" if mq else "grouped", o="c_proj",
+                   num_kv_heads=1 if mq else config.num_attention_heads)
+
+
 REGISTRY: dict[str, Callable[[Any], Adapter]] = {
     "LlamaForCausalLM": _llama, "MistralForCausalLM": _llama, "Qwen2ForCausalLM": _llama,
     "GemmaForCausalLM": _llama, "Qwen3ForCausalLM": _qwen3, "Phi3ForCausalLM": _phi3,
@@ -212,6 +222,7 @@ REGISTRY: dict[str, Callable[[Any], Adapter]] = {
     "SmolLM3ForCausalLM": _smollm3,
     "PhiForCausalLM": _phi,
     "StableLmForCausalLM": _stablelm,
+    "GPTBigCodeForCausalLM": _gpt_bigcode,
 }
 
 # RoPE types whose frequencies Hugging Face fixes at load time, and those it keeps fixed

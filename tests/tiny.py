@@ -41,7 +41,8 @@ def build_tokenizer(folder: Path):
 # are not powers of two, so Hugging Face's bfloat16 rounding of the bias shows.
 FALCON_ALIBI = dict(alibi=True, multi_query=False, parallel_attn=False, num_attention_heads=16)
 KINDS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2", "gpt_neox", "opt",
-         "falcon", "gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm")
+         "falcon", "gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm",
+         "gpt_bigcode")
 
 
 def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra):
@@ -87,6 +88,9 @@ def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra
         "smollm3": ("SmolLM3Config", {**llama_like, "no_rope_layer_interval": 2}),  # RoPE, NoPE
         "phi": ("PhiConfig", {**plain, "intermediate_size": 2 * hidden, "initializer_range": 0.25}),
         "stablelm": ("StableLmConfig", {**llama_like, "num_key_value_heads": 2}),
+        "gpt_bigcode": ("GPTBigCodeConfig", dict(vocab_size=vocab, n_positions=256, n_embd=hidden,
+                                                 n_layer=layers, n_head=4, n_inner=2 * hidden,
+                                                 initializer_range=0.25, **ids)),
     }
     if kind not in table:
         raise ValueError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")

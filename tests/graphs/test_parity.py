@@ -20,7 +20,8 @@ CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
          "falcon_alibi": "FalconForCausalLM", "falcon_new": "FalconForCausalLM",
          "gemma3": "Gemma3ForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
          "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM",
-         "smollm3": "SmolLM3ForCausalLM", "phi": "PhiForCausalLM", "stablelm": "StableLmForCausalLM"}
+         "smollm3": "SmolLM3ForCausalLM", "phi": "PhiForCausalLM",
+         "stablelm": "StableLmForCausalLM", "gpt_bigcode": "GPTBigCodeForCausalLM"}
 
 _ROPE = {"rope_theta": 10000.0}
 # config variants built in memory: name -> (tiny kind, config overrides, max_context)
@@ -54,6 +55,7 @@ VARIANTS = {
     # StableLM 2 12B style: parallel residual, per-head q/k LayerNorms read heads-first
     "stablelm_parallel_qk_norm": ("stablelm", {"use_parallel_residual": True,
                                                "qk_layernorm": True}, MAX_CONTEXT),
+    "gpt_bigcode_mha": ("gpt_bigcode", {"multi_query": False}, MAX_CONTEXT),  # per head [q, k, v]
 }
 
 
