@@ -210,6 +210,15 @@ def _gpt_bigcode(config: Any) -> Adapter:
                    num_kv_heads=1 if mq else config.num_attention_heads)
 
 
+def _gptj(config: Any) -> Adapter:
+    # parallel residual on one norm; interleaved RoPE on the first rotary_dim dims, from a
+    # sin/cos table with base 10000 (the module keeps no inv_freq)
+    return Adapter(embed="transformer.wte", layers="transformer.h", final_norm="transformer.ln_f",
+                   rope_base=(10000.0, config.rotary_dim or config.n_embd // config.n_head),
+                   rope_interleaved=True, attn="attn", input_norm="ln_1", mlp_norm=None,
+                   residual="parallel", o="out_proj", num_kv_heads=config.num_attention_heads)
+
+
 REGISTRY: dict[str, Callable[[Any], Adapter]] = {
     "LlamaForCausalLM": _llama, "MistralForCausalLM": _llama, "Qwen2ForCausalLM": _llama,
     "GemmaForCausalLM": _llama, "Qwen3ForCausalLM": _qwen3, "Phi3ForCausalLM": _phi3,
@@ -223,6 +232,7 @@ REGISTRY: dict[str, Callable[[Any], Adapter]] = {
     "PhiForCausalLM": _phi,
     "StableLmForCausalLM": _stablelm,
     "GPTBigCodeForCausalLM": _gpt_bigcode,
+    "GPTJForCausalLM": _gptj,
 }
 
 # RoPE types whose frequencies Hugging Face fixes at load time, and those it keeps fixed

@@ -37,7 +37,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 # later families, one fixture model each (and a truncated draft)
-NEWER = ("gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm", "gpt_bigcode")
+NEWER = ("gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm", "gpt_bigcode",
+         "gptj")
 
 
 @pytest.fixture(scope="session")

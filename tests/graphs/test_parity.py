@@ -21,7 +21,8 @@ CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
          "gemma3": "Gemma3ForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
          "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM",
          "smollm3": "SmolLM3ForCausalLM", "phi": "PhiForCausalLM",
-         "stablelm": "StableLmForCausalLM", "gpt_bigcode": "GPTBigCodeForCausalLM"}
+         "stablelm": "StableLmForCausalLM", "gpt_bigcode": "GPTBigCodeForCausalLM",
+         "gptj": "GPTJForCausalLM"}
 
 _ROPE = {"rope_theta": 10000.0}
 # config variants built in memory: name -> (tiny kind, config overrides, max_context)
