@@ -219,6 +219,15 @@ def _gptj(config: Any) -> Adapter:
                    residual="parallel", o="out_proj", num_kv_heads=config.num_attention_heads)
 
 
+def _cohere(config: Any) -> Adapter:
+    # Command-R: parallel residual on one norm, interleaved RoPE, logits times logit_scale,
+    # optional per-head q/k norms
+    norms = bool(config.use_qk_norm)
+    return Adapter(mlp_norm=None, residual="parallel", rope_interleaved=True,
+                   q_norm="q_norm" if norms else None, k_norm="k_norm" if norms else None,
+                   logit_scale=config.logit_scale)
+
+
 REGISTRY: dict[str, Callable[[Any], Adapter]] = {
     "LlamaForCausalLM": _llama, "MistralForCausalLM": _llama, "Qwen2ForCausalLM": _llama,
     "GemmaForCausalLM": _llama, "Qwen3ForCausalLM": _qwen3, "Phi3ForCausalLM": _phi3,
@@ -233,6 +242,7 @@ REGISTRY: dict[str, Callable[[Any], Adapter]] = {
     "StableLmForCausalLM": _stablelm,
     "GPTBigCodeForCausalLM": _gpt_bigcode,
     "GPTJForCausalLM": _gptj,
+    "CohereForCausalLM": _cohere,
 }
 
 # RoPE types whose frequencies Hugging Face fixes at load time, and those it keeps fixed

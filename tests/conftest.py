@@ -38,7 +38,7 @@ def pytest_collection_modifyitems(config, items):
 
 # later families, one fixture model each (and a truncated draft)
 NEWER = ("gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm", "gpt_bigcode",
-         "gptj")
+         "gptj", "cohere")
 
 
 @pytest.fixture(scope="session")

@@ -42,7 +42,7 @@ def build_tokenizer(folder: Path):
 FALCON_ALIBI = dict(alibi=True, multi_query=False, parallel_attn=False, num_attention_heads=16)
 KINDS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2", "gpt_neox", "opt",
          "falcon", "gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm",
-         "gpt_bigcode", "gptj")
+         "gpt_bigcode", "gptj", "cohere")
 
 
 def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra):
@@ -94,6 +94,7 @@ def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra
         "gptj": ("GPTJConfig", dict(vocab_size=vocab, n_positions=256, n_embd=hidden,
                                     n_layer=layers, n_head=4, n_inner=2 * hidden, rotary_dim=8,
                                     initializer_range=0.25, **ids)),
+        "cohere": ("CohereConfig", {**llama_like, "logit_scale": 0.25}),
     }
     if kind not in table:
         raise ValueError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")

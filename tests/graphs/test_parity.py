@@ -22,7 +22,7 @@ CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
          "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM",
          "smollm3": "SmolLM3ForCausalLM", "phi": "PhiForCausalLM",
          "stablelm": "StableLmForCausalLM", "gpt_bigcode": "GPTBigCodeForCausalLM",
-         "gptj": "GPTJForCausalLM"}
+         "gptj": "GPTJForCausalLM", "cohere": "CohereForCausalLM"}
 
 _ROPE = {"rope_theta": 10000.0}
 # config variants built in memory: name -> (tiny kind, config overrides, max_context)
@@ -57,6 +57,7 @@ VARIANTS = {
     "stablelm_parallel_qk_norm": ("stablelm", {"use_parallel_residual": True,
                                                "qk_layernorm": True}, MAX_CONTEXT),
     "gpt_bigcode_mha": ("gpt_bigcode", {"multi_query": False}, MAX_CONTEXT),  # per head [q, k, v]
+    "cohere_qk_norm": ("cohere", {"use_qk_norm": True}, MAX_CONTEXT),   # Command R+ style
 }
 
 
