@@ -20,7 +20,8 @@ class Rope(nn.Module):
     Cohere). Both use frequency inv_freq[j] for pair j.
     """
 
-    def __init__(self, inv_freq: torch.Tensor, scale: float = 1.0, interleaved: bool = False) -> None:
+    def __init__(self, inv_freq: torch.Tensor, scale: float = 1.0,
+                 interleaved: bool = False) -> None:
         super().__init__()
         self.register_buffer("inv_freq", inv_freq.detach().float().clone(), persistent=False)
         self.scale = scale
