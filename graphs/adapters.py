@@ -14,6 +14,7 @@ from ssd_runtime.errors import ConfigError
 
 Positions = Literal["rope", "learned", "alibi"]
 QkvLayout = Literal["split", "grouped"]
+QkNormOver = Literal["head", "heads_first", "projection"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class Adapter:
 
     # --- top level (from the model) -----------------------------------------------------
     embed: str = "model.embed_tokens"     # called as a module; Gemma's scales by sqrt(hidden)
+    embed_scale: float = 1.0              # times the embedding output (Granite's multiplier)
     layers: str = "model.layers"
     final_norm: str | None = "model.norm"
     lm_head: str = "lm_head"              # tied or not: whatever module Hugging Face calls
@@ -34,17 +36,26 @@ class Adapter:
     project_out: str | None = None        # before the LM head
     positions: Positions = "rope"
     rotary: str = "model.rotary_emb"      # rope: module with inv_freq and attention_scaling
+    layer_rope: tuple[str | None, ...] | None = None  # per layer: the rotary module's table
+                                          # prefix (Gemma 3: "sliding_attention_"), None: no
+                                          # RoPE on that layer (SmolLM3); None: "" everywhere
+    rope_base: tuple[float, int] | None = None  # (base, rotary dims) for a rotary module
+                                          # without inv_freq (GPT-J's sin/cos table)
+    rope_interleaved: bool = False        # rotate pairs (2j, 2j+1), not (j, j + R/2)
     pos_embed: str | None = None          # learned: embedding table read at position_ids + offset
     pos_offset: int = 0
     # --- a layer ----------------------------------------------------------------------
     attn: str = "self_attn"
-    input_norm: str = "input_layernorm"   # before attention (after the residual add if "post")
+    input_norm: str | None = "input_layernorm"  # before attention (after the residual add if
+                                          # "post"); None: none (OLMo 2 norms outputs instead)
     attn_out_norm: str | None = None      # on the attention output, before the residual add
     mlp_norm: str | None = "post_attention_layernorm"  # None: the MLP reads input_norm's output
+                                          # (parallel) or the residual stream (sequential)
     mlp: tuple[str, ...] = ("mlp",)       # modules applied in turn
     mlp_out_norm: str | None = None       # on the MLP output, before the residual add
     residual: Literal["sequential", "parallel"] = "sequential"  # parallel: x + attn(.) + mlp(.)
     norm_position: Literal["pre", "post"] = "pre"
+    residual_scale: float = 1.0           # x += scale · attn(.), likewise the MLP (Granite)
     # --- the attention module ---------------------------------------------------------
     q: str = "q_proj"
     k: str = "k_proj"
@@ -52,13 +63,17 @@ class Adapter:
     qkv: str | None = None                # one fused projection instead of q, k, v
     qkv_layout: QkvLayout = "split"       # split: [q | k | v]; grouped: per KV head [q*G, k, v]
     o: str = "o_proj"
-    q_norm: str | None = None             # per-head norms on q and k (Qwen 3)
+    q_norm: str | None = None             # norms on q and k (Qwen 3, OLMo 2)
     k_norm: str | None = None
+    qk_norm_over: QkNormOver = "head"     # what they read: (B, T, n, D) per head, (B, n, T, D)
+                                          # (StableLM's per-head module list), or the whole
+                                          # projection (B, T, n·D) (OLMo 2)
     head_dim: str = "head_dim"            # attribute names on the attention module
     scaling: str = "scaling"
     num_kv_heads: int | None = None       # None: config.num_key_value_heads, else all heads
     attn_softcap: float | None = None     # scores = cap * tanh(scores / cap)
     logit_softcap: float | None = None
+    logit_scale: float = 1.0              # times the logits (Cohere; Granite's 1/logits_scaling)
     reference_attn: str | None = None     # attention implementation parity compares against
 
 
@@ -134,11 +149,100 @@ def _falcon(config: Any) -> Adapter:
                    reference_attn="sdpa" if config.alibi else None)
 
 
+def _gemma3(config: Any) -> Adapter:
+    # Gemma 3 (text): q/k norms, 5 sliding layers per full one, and a RoPE table per layer
+    # type (local base 10k, global 1M) kept on the one rotary module under the type's name.
+    if getattr(config, "use_bidirectional_attention", False):
+        raise ConfigError("Gemma 3 with use_bidirectional_attention is an encoder, not a causal "
+                          "LM; ssd-export needs causal attention.")
+    return Adapter(attn_out_norm="post_attention_layernorm", mlp_norm="pre_feedforward_layernorm",
+                   mlp_out_norm="post_feedforward_layernorm", q_norm="q_norm", k_norm="k_norm",
+                   layer_rope=tuple(f"{t}_" for t in config.layer_types[:config.num_hidden_layers]),
+                   logit_softcap=config.final_logit_softcapping)
+
+
+def _granite(config: Any) -> Adapter:
+    # Llama with multipliers: embeddings, both residual branches, logits (divided);
+    # the attention multiplier is the attention module's `scaling`.
+    return Adapter(embed_scale=config.embedding_multiplier,
+                   residual_scale=config.residual_multiplier,
+                   logit_scale=1.0 / config.logits_scaling)
+
+
+def _olmo2(config: Any) -> Adapter:
+    # norms on the attention and MLP outputs, none before them; q/k norms over the whole
+    # projection (all heads at once)
+    return Adapter(input_norm=None, attn_out_norm="post_attention_layernorm", mlp_norm=None,
+                   mlp_out_norm="post_feedforward_layernorm", q_norm="q_norm", k_norm="k_norm",
+                   qk_norm_over="projection")
+
+
+def _smollm3(config: Any) -> Adapter:
+    # no_rope_layers[i] is 1 where layer i uses RoPE (every 4th layer has none)
+    return Adapter(layer_rope=tuple("" if use else None
+                                    for use in config.no_rope_layers[:config.num_hidden_layers]))
+
+
+def _phi(config: Any) -> Adapter:
+    # phi-1/1.5/2: one LayerNorm feeding parallel attention and MLP, partial rotary
+    return Adapter(final_norm="model.final_layernorm", mlp_norm=None, residual="parallel",
+                   o="dense", q_norm="q_layernorm" if config.qk_layernorm else None,
+                   k_norm="k_layernorm" if config.qk_layernorm else None)
+
+
+def _stablelm(config: Any) -> Adapter:
+    # per-head q/k LayerNorms are a module list that reads heads-first (B, n, T, D)
+    norms = bool(config.qk_layernorm)
+    parallel = bool(config.use_parallel_residual)
+    return Adapter(mlp_norm=None if parallel else "post_attention_layernorm",
+                   residual="parallel" if parallel else "sequential",
+                   q_norm="q_layernorm" if norms else None, k_norm="k_layernorm" if norms else None,
+                   qk_norm_over="heads_first")
+
+
+def _gpt_bigcode(config: Any) -> Adapter:
+    # GPT-2 layout; c_attn is [q | k | v] with one KV head (multi-query), else per head [q, k, v]
+    mq = bool(config.multi_query)
+    return Adapter(embed="transformer.wte", layers="transformer.h", final_norm="transformer.ln_f",
+                   positions="learned", pos_embed="transformer.wpe", attn="attn",
+                   input_norm="ln_1", mlp_norm="ln_2", qkv="c_attn",
+                   qkv_layout="split" if mq else "grouped", o="c_proj",
+                   num_kv_heads=1 if mq else config.num_attention_heads)
+
+
+def _gptj(config: Any) -> Adapter:
+    # parallel residual on one norm; interleaved RoPE on the first rotary_dim dims, from a
+    # sin/cos table with base 10000 (the module keeps no inv_freq)
+    return Adapter(embed="transformer.wte", layers="transformer.h", final_norm="transformer.ln_f",
+                   rope_base=(10000.0, config.rotary_dim or config.n_embd // config.n_head),
+                   rope_interleaved=True, attn="attn", input_norm="ln_1", mlp_norm=None,
+                   residual="parallel", o="out_proj", num_kv_heads=config.num_attention_heads)
+
+
+def _cohere(config: Any) -> Adapter:
+    # Command-R: parallel residual on one norm, interleaved RoPE, logits times logit_scale,
+    # optional per-head q/k norms
+    norms = bool(config.use_qk_norm)
+    return Adapter(mlp_norm=None, residual="parallel", rope_interleaved=True,
+                   q_norm="q_norm" if norms else None, k_norm="k_norm" if norms else None,
+                   logit_scale=config.logit_scale)
+
+
 REGISTRY: dict[str, Callable[[Any], Adapter]] = {
     "LlamaForCausalLM": _llama, "MistralForCausalLM": _llama, "Qwen2ForCausalLM": _llama,
     "GemmaForCausalLM": _llama, "Qwen3ForCausalLM": _qwen3, "Phi3ForCausalLM": _phi3,
     "Gemma2ForCausalLM": _gemma2, "GPT2LMHeadModel": _gpt2, "GPTNeoXForCausalLM": _gpt_neox,
     "OPTForCausalLM": _opt, "FalconForCausalLM": _falcon,
+    "Gemma3ForCausalLM": _gemma3,
+    "Starcoder2ForCausalLM": _llama,
+    "GraniteForCausalLM": _granite,
+    "Olmo2ForCausalLM": _olmo2,
+    "SmolLM3ForCausalLM": _smollm3,
+    "PhiForCausalLM": _phi,
+    "StableLmForCausalLM": _stablelm,
+    "GPTBigCodeForCausalLM": _gpt_bigcode,
+    "GPTJForCausalLM": _gptj,
+    "CohereForCausalLM": _cohere,
 }
 
 # RoPE types whose frequencies Hugging Face fixes at load time, and those it keeps fixed
@@ -159,28 +263,30 @@ def adapter_for(model: Any, source: str) -> Adapter:
         raise ConfigError(f"{source}: architecture {name} is not supported. Supported: "
                           f"{', '.join(supported_architectures())}.")
     adapter = REGISTRY[name](model.config)
-    kind = rope_type(model.config)
-    if adapter.positions == "rope" and kind not in STATIC_ROPE_TYPES + BOUNDED_ROPE_TYPES:
-        raise ConfigError(f"{source}: RoPE type {kind!r} is not supported; supported: "
-                          f"{', '.join(STATIC_ROPE_TYPES + BOUNDED_ROPE_TYPES)}.")
+    for kind, _ in _rope_kinds(model.config):
+        if adapter.positions == "rope" and kind not in STATIC_ROPE_TYPES + BOUNDED_ROPE_TYPES:
+            raise ConfigError(f"{source}: RoPE type {kind!r} is not supported; supported: "
+                              f"{', '.join(STATIC_ROPE_TYPES + BOUNDED_ROPE_TYPES)}.")
     return adapter
 
 
 def check_rope_context(model: Any, source: str, max_context: int) -> None:
     """Refuse a context past which Hugging Face would change the RoPE frequencies."""
     config = model.config
-    kind = rope_type(config)
-    if kind not in BOUNDED_ROPE_TYPES or REGISTRY[type(model).__name__](config).positions != "rope":
+    if REGISTRY[type(model).__name__](config).positions != "rope":
         return
-    params = _rope_params(config)
-    limit = int(params.get("original_max_position_embeddings")
-                or getattr(config, "original_max_position_embeddings", 0)
-                or config.max_position_embeddings) if kind == "longrope" \
-        else int(config.max_position_embeddings)
-    if max_context > limit:
-        raise ConfigError(f"{source}: RoPE type {kind!r} changes its frequencies past {limit} "
-                          f"positions, which one graph cannot reproduce; max_context is "
-                          f"{max_context}. ---> HINT: export with --max-context {limit} or less.")
+    for kind, params in _rope_kinds(config):
+        if kind not in BOUNDED_ROPE_TYPES:
+            continue
+        limit = int(params.get("original_max_position_embeddings")
+                    or getattr(config, "original_max_position_embeddings", 0)
+                    or config.max_position_embeddings) if kind == "longrope" \
+            else int(config.max_position_embeddings)
+        if max_context > limit:
+            raise ConfigError(f"{source}: RoPE type {kind!r} changes its frequencies past "
+                              f"{limit} positions, which one graph cannot reproduce; max_context "
+                              f"is {max_context}. ---> HINT: export with --max-context {limit} "
+                              f"or less.")
 
 
 def sliding_windows(config: Any) -> tuple[int | None, ...]:
@@ -193,14 +299,14 @@ def sliding_windows(config: Any) -> tuple[int | None, ...]:
     return (window,) * n if window else (None,) * n
 
 
-def rope_type(config: Any) -> str:
-    params = _rope_params(config)
-    return params.get("rope_type", params.get("type", "default"))
-
-
-def _rope_params(config: Any) -> dict:
+def _rope_kinds(config: Any) -> list[tuple[str, dict]]:
+    """(type, parameters) per set of RoPE parameters: one, or one per layer type (Gemma 3)."""
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
-    return params if isinstance(params, dict) else {}
+    if not isinstance(params, dict):
+        return [("default", {})]
+    sets = list(params.values()) if params and all(isinstance(v, dict) or v is None
+                                                   for v in params.values()) else [params]
+    return [(p.get("rope_type", p.get("type", "default")), p) for p in sets if p]
 
 
 def get_path(obj: Any, path: str | None) -> Any:

@@ -1,6 +1,6 @@
 """Attention over past + new tokens, as every adapter describes it.
 
-Projections (separate or fused in either layout), optional per-head q/k norms, RoPE,
+Projections (separate or fused in either layout), optional q/k norms, RoPE,
 grouped-query attention against the sequence-major past (B, P, Hkv, D), score
 soft-capping, ALiBi bias and the causal / sliding-window mask.
 """
@@ -59,8 +59,7 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
                               past_v, ort)
     q, k, v = _project(attn, a, heads, h)                           # (B, T, H|Hkv, D)
     if a.q_norm is not None:
-        q = getattr(attn, a.q_norm)(q)
-        k = getattr(attn, a.k_norm)(k)
+        q, k = _qk_norm(attn, a, q, k)
     if rope is not None and cos_sin is not None:
         q = rope.apply(q, *cos_sin)
         k = rope.apply(k, *cos_sin)
@@ -107,6 +106,17 @@ def _ort_attention(attn, a: Adapter, heads: Heads, scaling: float, h, q, k, v, c
         heads.num_heads, heads.num_kv_heads, scaling, float(a.attn_softcap or 0.0), o.window,
         int(o.do_rotary))
     return getattr(attn, a.o)(out), cache_k, cache_v
+
+
+def _qk_norm(attn: nn.Module, a: Adapter, q: torch.Tensor, k: torch.Tensor):
+    """The q and k norms over what each reads: one head (B, T, n, D), the heads-first layout
+    (B, n, T, D), or the whole projection (B, T, n·D); q, k come back as (B, T, n, D)."""
+    q_norm, k_norm = getattr(attn, a.q_norm), getattr(attn, a.k_norm)
+    if a.qk_norm_over == "heads_first":
+        return q_norm(q.transpose(1, 2)).transpose(1, 2), k_norm(k.transpose(1, 2)).transpose(1, 2)
+    if a.qk_norm_over == "projection":
+        return q_norm(q.flatten(2)).view_as(q), k_norm(k.flatten(2)).view_as(k)
+    return q_norm(q), k_norm(k)
 
 
 def _project(attn: nn.Module, a: Adapter, heads: Heads, h: torch.Tensor):

@@ -37,7 +37,8 @@ class Decoder(nn.Module):
         self.final_norm = get_path(model, a.final_norm)
         self.project_out = get_path(model, a.project_out)
         self.lm_head = get_path(model, a.lm_head)
-        self.rope = Rope(get_path(model, a.rotary)) if a.positions == "rope" else None
+        # one Rope per distinct table; layer i uses ropes[rope_keys[i]] (None: no RoPE there)
+        self.ropes, self.rope_keys = _ropes(model, a, len(self.layers))
         attn = [getattr(layer, a.attn) for layer in self.layers]
         num_heads = config.num_attention_heads
         num_kv_heads = a.num_kv_heads or getattr(config, "num_key_value_heads", None) or num_heads
@@ -63,13 +64,15 @@ class Decoder(nn.Module):
                 *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
         a = self.adapter
         x = self.embed(input_ids)                                   # (B, T, E)
+        if a.embed_scale != 1.0:
+            x = x * a.embed_scale
         if self.project_in is not None:
             x = self.project_in(x)                                  # (B, T, H)
         if self.pos_embed is not None:                              # learned absolute positions
             x = x + nn.functional.embedding(position_ids + a.pos_offset, self.pos_embed.weight)
         if self.flavour == contract.ORT:
             return self._forward_ort(x, position_ids, past)
-        cos_sin = self.rope.tables(position_ids, x.dtype) if self.rope is not None else None
+        tables = {key: rope.tables(position_ids, x.dtype) for key, rope in self.ropes.items()}
         past_len = past[0].shape[1]
         key_pos = torch.arange(past_len + input_ids.shape[1], device=input_ids.device)  # (S,)
         masks = {w: causal_mask(position_ids, key_pos, w) for w in set(self.windows)}  # (B,1,1,T,S)
@@ -79,8 +82,8 @@ class Decoder(nn.Module):
             bias = masks[self.windows[i]]
             if alibi is not None:                                   # Falcon scales it like q·k
                 bias = bias + alibi * self.scalings[i]              # (B, Hkv, G, T, S)
-            x, new_k, new_v = self._layer(layer, x, cos_sin, past[2 * i], past[2 * i + 1],
-                                          self.scalings[i], bias)
+            x, new_k, new_v = self._layer(layer, x, self._rope(i), tables.get(self.rope_keys[i]),
+                                          past[2 * i], past[2 * i + 1], self.scalings[i], bias)
             outputs += [new_k, new_v]
         return (self._head(x), *outputs)
 
@@ -91,80 +94,98 @@ class Decoder(nn.Module):
         if self.project_out is not None:
             x = self.project_out(x)
         logits = self.lm_head(x).float()                            # (B, T, V)
+        if a.logit_scale != 1.0:
+            logits = logits * a.logit_scale
         if a.logit_softcap is not None:
             logits = torch.tanh(logits / a.logit_softcap) * a.logit_softcap
         return logits
+
+    def _rope(self, i: int) -> Rope | None:
+        key = self.rope_keys[i]
+        return None if key is None else self.ropes[key]
 
     def _init_ort(self, max_context: int) -> None:
         """The `ort` flavour: GroupQueryAttention over head-major caches updated in place.
 
         The kernel rotates q and k itself (from cos/sin tables of every position up to
-        max_context) when the rotation is plain rotate-half over the whole head and nothing
-        sits between the projection and RoPE; otherwise RoPE stays in the graph.
+        max_context) when every rotation is plain rotate-half over the whole head and nothing
+        sits between the projection and RoPE; otherwise RoPE stays in the graph. Layers
+        without RoPE (SmolLM3's) tell the kernel not to rotate.
         """
         a = self.adapter
         if a.positions == "alibi":
             raise ConfigError("the ort graph flavour has no ALiBi (ONNX Runtime's "
                               "GroupQueryAttention takes no per-head slopes); export with "
                               "--graph standard.")
-        self.ort_rotary = (self.rope is not None and a.q_norm is None
-                           and self.rope.rotary_dim == self.heads.head_dim)
-        if self.ort_rotary:
-            freqs = torch.arange(max_context, dtype=torch.float32)[:, None] * self.rope.inv_freq
-            self.register_buffer("cos_cache", freqs.cos() * self.rope.scale, persistent=False)
-            self.register_buffer("sin_cache", freqs.sin() * self.rope.scale, persistent=False)
-        else:
-            self.register_buffer("cos_cache", torch.zeros(1, 1), persistent=False)
-            self.register_buffer("sin_cache", torch.zeros(1, 1), persistent=False)
+        self.ort_rotary = (len(self.ropes) > 0 and a.q_norm is None and all(
+            r.rotary_dim == self.heads.head_dim and not r.interleaved for r in self.ropes.values()))
+        self.ort_caches: dict[str, tuple[str, str]] = {}    # rope key -> buffer names
+        for key, rope in (self.ropes.items() if self.ort_rotary else ()):
+            freqs = torch.arange(max_context, dtype=torch.float32)[:, None] * rope.inv_freq
+            names = (f"cos_cache_{key}", f"sin_cache_{key}")          # (max_context, D/2)
+            self.register_buffer(names[0], freqs.cos() * rope.scale, persistent=False)
+            self.register_buffer(names[1], freqs.sin() * rope.scale, persistent=False)
+            self.ort_caches[key] = names
+        self.register_buffer("no_cache", torch.zeros(1, 1), persistent=False)
         # q, k, v as one packed projection (three MatMuls -> one) where nothing sits between
-        # the projection and the kernel: no q/k norm, RoPE in the kernel or no RoPE at all
-        direct = a.q_norm is None and (self.ort_rotary or self.rope is None)
-        self.packed = nn.ModuleList(_packed_qkv(getattr(layer, a.attn), a) if direct
-                                    else nn.Identity() for layer in self.layers)
+        # the projection and the kernel: no q/k norm, RoPE in the kernel or none on that layer
+        direct = [a.q_norm is None and (self.ort_rotary or key is None) for key in self.rope_keys]
+        self.packed = nn.ModuleList(_packed_qkv(getattr(layer, a.attn), a) if d else nn.Identity()
+                                    for layer, d in zip(self.layers, direct))
 
     def _forward_ort(self, x: torch.Tensor, position_ids: torch.Tensor, caches) -> tuple:
         last = position_ids[:, -1]
         seqlens_k = last.to(torch.int32)
         total_len = (last.max() + 1).to(torch.int32)
-        cos_sin = None
-        if self.rope is not None and not self.ort_rotary:
-            cos_sin = self.rope.tables(position_ids, x.dtype)
+        tables = {} if self.ort_rotary else {
+            key: rope.tables(position_ids, x.dtype) for key, rope in self.ropes.items()}
         outputs: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
-            packed = self.packed[i]
-            o = OrtAttention(seqlens_k, total_len, position_ids, self.cos_cache.to(x.dtype),
-                             self.sin_cache.to(x.dtype), self.ort_rotary, self.windows[i] or 0,
+            packed, key = self.packed[i], self.rope_keys[i]
+            kernel_rotates = self.ort_rotary and key is not None
+            cos, sin = (getattr(self, n).to(x.dtype) for n in self.ort_caches[key]) \
+                if kernel_rotates else (self.no_cache.to(x.dtype),) * 2
+            o = OrtAttention(seqlens_k, total_len, position_ids, cos, sin, kernel_rotates,
+                             self.windows[i] or 0,
                              None if isinstance(packed, nn.Identity) else packed)
-            x, cache_k, cache_v = self._layer(layer, x, cos_sin, caches[2 * i], caches[2 * i + 1],
-                                              self.scalings[i], None, o)
+            x, cache_k, cache_v = self._layer(layer, x, self._rope(i), tables.get(key),
+                                              caches[2 * i], caches[2 * i + 1], self.scalings[i],
+                                              None, o)
             outputs += [cache_k, cache_v]
         return (self._head(x), *outputs)
 
-    def _layer(self, layer: nn.Module, x: torch.Tensor, cos_sin, past_k: torch.Tensor,
-               past_v: torch.Tensor, scaling: float, bias: torch.Tensor | None,
-               ort: OrtAttention | None = None):
+    def _layer(self, layer: nn.Module, x: torch.Tensor, rope: Rope | None, cos_sin,
+               past_k: torch.Tensor, past_v: torch.Tensor, scaling: float,
+               bias: torch.Tensor | None, ort: OrtAttention | None = None):
         """One block: pre- or post-norm, sequential or parallel residual.
 
-            sequential pre:  x += attn(norm(x));  x += mlp(mlp_norm(x))
+            sequential pre:  x += s·attn(norm(x));  x += s·mlp(mlp_norm(x))
             parallel:        x += attn(norm(x)) + mlp(mlp_norm(x) or norm(x))
             sequential post: x = norm(x + attn(x));  x = mlp_norm(x + mlp(x))
+
+        A missing norm is the identity; attn(.) and mlp(.) include their output norms; s is
+        the residual scale (1 but for Granite).
         """
         a = self.adapter
         post = a.norm_position == "post"
-        norm = getattr(layer, a.input_norm)
+        norm = _module(layer, a.input_norm)
         mlp_norm = getattr(layer, a.mlp_norm) if a.mlp_norm is not None else None
         h = x if post else norm(x)
         attn_out, new_k, new_v = attention(getattr(layer, a.attn), a, self.heads, scaling, h,
-                                           self.rope, cos_sin, past_k, past_v, bias, ort)
+                                           rope, cos_sin, past_k, past_v, bias, ort)
         if a.attn_out_norm is not None:
             attn_out = getattr(layer, a.attn_out_norm)(attn_out)
         if a.residual == "parallel":
             m = self._mlp(layer, mlp_norm(x) if mlp_norm is not None else h)
             return x + attn_out + m, new_k, new_v
-        x = norm(x + attn_out) if post else x + attn_out
-        m = self._mlp(layer, x if post else mlp_norm(x))
-        x = mlp_norm(x + m) if post else x + m
+        x = norm(x + attn_out) if post else x + self._scaled(attn_out)
+        m = self._mlp(layer, x if post or mlp_norm is None else mlp_norm(x))
+        x = mlp_norm(x + m) if post else x + self._scaled(m)
         return x, new_k, new_v
+
+    def _scaled(self, branch: torch.Tensor) -> torch.Tensor:
+        scale = self.adapter.residual_scale
+        return branch if scale == 1.0 else branch * scale
 
     def _mlp(self, layer: nn.Module, h: torch.Tensor) -> torch.Tensor:
         for name in self.adapter.mlp:
@@ -172,6 +193,27 @@ class Decoder(nn.Module):
         if self.adapter.mlp_out_norm is not None:
             h = getattr(layer, self.adapter.mlp_out_norm)(h)
         return h
+
+
+def _module(layer: nn.Module, name: str | None) -> nn.Module:
+    return nn.Identity() if name is None else getattr(layer, name)
+
+
+def _ropes(model: nn.Module, a: Adapter, n_layers: int) -> tuple[nn.ModuleDict, list[str | None]]:
+    """The distinct RoPE tables (keyed by their prefix, "rope" for the plain one) and, per
+    layer, which one it uses (None: no RoPE on that layer, or no RoPE at all)."""
+    if a.positions != "rope":
+        return nn.ModuleDict(), [None] * n_layers
+    prefixes = a.layer_rope if a.layer_rope is not None else ("",) * n_layers
+    assert len(prefixes) == n_layers, (len(prefixes), n_layers)
+    keys = [None if p is None else (p.rstrip("_") or "rope") for p in prefixes]
+    rotary = None if a.rope_base else get_path(model, a.rotary)
+    ropes = nn.ModuleDict()
+    for prefix, key in zip(prefixes, keys):
+        if key is not None and key not in ropes:
+            ropes[key] = Rope.from_base(*a.rope_base, a.rope_interleaved) if a.rope_base \
+                else Rope.from_module(rotary, prefix, a.rope_interleaved)
+    return ropes, keys
 
 
 def _packed_qkv(attn: nn.Module, a: Adapter) -> nn.Module:

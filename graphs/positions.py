@@ -1,4 +1,5 @@
-"""Position schemes done in the graph: rotary (RoPE, full or partial) and ALiBi.
+"""Position schemes done in the graph: rotary (RoPE, full or partial, rotate-half or
+interleaved) and ALiBi.
 
 RoPE tables come from the Hugging Face rotary module (inv_freq, attention_scaling), so
 linear / llama3 / yarn scaling is what Hugging Face computed at load time. Learned
@@ -13,30 +14,52 @@ from torch import nn
 
 
 class Rope(nn.Module):
-    """cos/sin tables for absolute positions; rotates the first R = 2·len(inv_freq) dims."""
+    """cos/sin tables for absolute positions; rotates the first R = 2·len(inv_freq) dims.
 
-    def __init__(self, rotary: nn.Module) -> None:
+    Rotate-half pairs dim j with j + R/2 (Llama); interleaved pairs 2j with 2j + 1 (GPT-J,
+    Cohere). Both use frequency inv_freq[j] for pair j.
+    """
+
+    def __init__(self, inv_freq: torch.Tensor, scale: float = 1.0,
+                 interleaved: bool = False) -> None:
         super().__init__()
-        # the load-time frequencies, even if a long forward pass has since changed inv_freq
-        inv_freq = getattr(rotary, "original_inv_freq", None)
-        inv_freq = rotary.inv_freq if inv_freq is None else inv_freq
         self.register_buffer("inv_freq", inv_freq.detach().float().clone(), persistent=False)
-        self.scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self.scale = scale
+        self.interleaved = interleaved
         self.rotary_dim = 2 * self.inv_freq.numel()
+
+    @classmethod
+    def from_module(cls, rotary: nn.Module, prefix: str = "", interleaved: bool = False) -> Rope:
+        """From a Hugging Face rotary module's `{prefix}inv_freq` and `{prefix}attention_scaling`
+        (Gemma 3 keeps one pair per layer type: prefix "sliding_attention_")."""
+        # the load-time frequencies, even if a long forward pass has since changed inv_freq
+        inv_freq = getattr(rotary, f"{prefix}original_inv_freq", None)
+        inv_freq = getattr(rotary, f"{prefix}inv_freq") if inv_freq is None else inv_freq
+        return cls(inv_freq, float(getattr(rotary, f"{prefix}attention_scaling", 1.0)), interleaved)
+
+    @classmethod
+    def from_base(cls, base: float, rotary_dim: int, interleaved: bool = False) -> Rope:
+        """base^(-2j/R), computed as Hugging Face does, for models that keep no inv_freq."""
+        exponent = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+        return cls(1.0 / (base ** exponent), 1.0, interleaved)
 
     def tables(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         freqs = position_ids[..., None].float() * self.inv_freq     # (B, T, R/2)
-        emb = torch.cat((freqs, freqs), dim=-1)                     # (B, T, R)
+        if self.interleaved:
+            emb = torch.repeat_interleave(freqs, 2, dim=-1)         # (B, T, R): f0 f0 f1 f1 ..
+        else:
+            emb = torch.cat((freqs, freqs), dim=-1)                 # (B, T, R): f0 f1 .. f0 f1 ..
         cos = (emb.cos() * self.scale).to(dtype)[:, :, None, :]     # (B, T, 1, R)
         sin = (emb.sin() * self.scale).to(dtype)[:, :, None, :]
         return cos, sin
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x (B, T, n, D): rotate-half RoPE on x[..., :R], the rest passes through."""
+        """x (B, T, n, D): RoPE on x[..., :R], the rest passes through."""
+        rotate = _rotate_pairs if self.interleaved else _rotate_half
         if self.rotary_dim == x.shape[-1]:
-            return x * cos + _rotate_half(x) * sin
+            return x * cos + rotate(x) * sin
         rot, rest = x[..., :self.rotary_dim], x[..., self.rotary_dim:]
-        return torch.cat((rot * cos + _rotate_half(rot) * sin, rest), dim=-1)
+        return torch.cat((rot * cos + rotate(rot) * sin, rest), dim=-1)
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
@@ -65,3 +88,9 @@ def alibi_bias(slopes: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:
+    """(x0, x1, x2, x3, ..) -> (-x1, x0, -x3, x2, ..)."""
+    pairs = x.unflatten(-1, (-1, 2))                                # (..., R/2, 2)
+    return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)

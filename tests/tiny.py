@@ -40,8 +40,9 @@ def build_tokenizer(folder: Path):
 # Falcon-RW style: ALiBi, sequential, one KV head per query head; 16 heads give slopes that
 # are not powers of two, so Hugging Face's bfloat16 rounding of the bias shows.
 FALCON_ALIBI = dict(alibi=True, multi_query=False, parallel_attn=False, num_attention_heads=16)
-KINDS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2", "gpt_neox",
-         "opt", "falcon")
+KINDS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2", "gpt_neox", "opt",
+         "falcon", "gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm",
+         "gpt_bigcode", "gptj", "cohere")
 
 
 def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra):
@@ -75,6 +76,25 @@ def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra
         "opt": ("OPTConfig", {**plain, "ffn_dim": 2 * hidden, "init_std": 0.25,
                               "word_embed_proj_dim": hidden}),
         "falcon": ("FalconConfig", {**plain, "initializer_range": 0.25, "ffn_hidden_size": 2 * hidden}),
+        # a sliding then a full layer, each with its own RoPE base (10k local, 1M global)
+        "gemma3": ("Gemma3TextConfig", {**llama_like, "head_dim": hidden // 4, "sliding_window": 8,
+                                        "sliding_window_pattern": 2,
+                                        "query_pre_attn_scalar": hidden // 4}),
+        "starcoder2": ("Starcoder2Config", {**llama_like, "sliding_window": 16}),
+        "granite": ("GraniteConfig", {**llama_like, "embedding_multiplier": 6.0,
+                                      "residual_multiplier": 0.5, "attention_multiplier": 0.125,
+                                      "logits_scaling": 3.0}),
+        "olmo2": ("Olmo2Config", llama_like),
+        "smollm3": ("SmolLM3Config", {**llama_like, "no_rope_layer_interval": 2}),  # RoPE, NoPE
+        "phi": ("PhiConfig", {**plain, "intermediate_size": 2 * hidden, "initializer_range": 0.25}),
+        "stablelm": ("StableLmConfig", {**llama_like, "num_key_value_heads": 2}),
+        "gpt_bigcode": ("GPTBigCodeConfig", dict(vocab_size=vocab, n_positions=256, n_embd=hidden,
+                                                 n_layer=layers, n_head=4, n_inner=2 * hidden,
+                                                 initializer_range=0.25, **ids)),
+        "gptj": ("GPTJConfig", dict(vocab_size=vocab, n_positions=256, n_embd=hidden,
+                                    n_layer=layers, n_head=4, n_inner=2 * hidden, rotary_dim=8,
+                                    initializer_range=0.25, **ids)),
+        "cohere": ("CohereConfig", {**llama_like, "logit_scale": 0.25}),
     }
     if kind not in table:
         raise ValueError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")

@@ -15,9 +15,14 @@ MAX_CONTEXT = 256
 # fixture models (conftest `models`): name -> Hugging Face class
 CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
          "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM", "gemma": "GemmaForCausalLM",
-         "gemma2": "Gemma2ForCausalLM", "gpt2": "GPT2LMHeadModel",
-         "gpt_neox": "GPTNeoXForCausalLM", "opt": "OPTForCausalLM", "falcon": "FalconForCausalLM",
-         "falcon_alibi": "FalconForCausalLM", "falcon_new": "FalconForCausalLM"}
+         "gemma2": "Gemma2ForCausalLM", "gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM",
+         "opt": "OPTForCausalLM", "falcon": "FalconForCausalLM",
+         "falcon_alibi": "FalconForCausalLM", "falcon_new": "FalconForCausalLM",
+         "gemma3": "Gemma3ForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
+         "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM",
+         "smollm3": "SmolLM3ForCausalLM", "phi": "PhiForCausalLM",
+         "stablelm": "StableLmForCausalLM", "gpt_bigcode": "GPTBigCodeForCausalLM",
+         "gptj": "GPTJForCausalLM", "cohere": "CohereForCausalLM"}
 
 _ROPE = {"rope_theta": 10000.0}
 # config variants built in memory: name -> (tiny kind, config overrides, max_context)
@@ -48,6 +53,11 @@ VARIANTS = {
                                        "num_ln_in_parallel_attn": 1}, MAX_CONTEXT),
     "falcon_sequential_rope": ("falcon", {"multi_query": False, "parallel_attn": False},
                                MAX_CONTEXT),
+    # StableLM 2 12B style: parallel residual, per-head q/k LayerNorms read heads-first
+    "stablelm_parallel_qk_norm": ("stablelm", {"use_parallel_residual": True,
+                                               "qk_layernorm": True}, MAX_CONTEXT),
+    "gpt_bigcode_mha": ("gpt_bigcode", {"multi_query": False}, MAX_CONTEXT),  # per head [q, k, v]
+    "cohere_qk_norm": ("cohere", {"use_qk_norm": True}, MAX_CONTEXT),   # Command R+ style
 }
 
 
@@ -162,8 +172,25 @@ def test_unknown_rope_type_is_refused(exported, tmp_path):
 
 
 def test_sliding_window_is_exercised(models):
-    """The Mistral and Gemma 2 fixtures' windows are shorter than parity's longest sequence."""
+    """The sliding-window fixtures' windows are shorter than parity's longest sequence."""
     from transformers import AutoConfig
 
-    for name in ("mistral", "gemma2"):
+    for name in ("mistral", "gemma2", "gemma3", "starcoder2"):
         assert AutoConfig.from_pretrained(models[name]).sliding_window < 24
+
+
+def test_per_layer_rope_is_exercised(models):
+    """Gemma 3's fixture has a sliding and a full layer with different RoPE bases; SmolLM3's
+    has a layer with RoPE and one without."""
+    from transformers import AutoConfig
+
+    gemma3 = AutoConfig.from_pretrained(models["gemma3"])
+    assert set(gemma3.layer_types) == {"sliding_attention", "full_attention"}
+    assert len({p["rope_theta"] for p in gemma3.rope_parameters.values()}) == 2
+    assert set(AutoConfig.from_pretrained(models["smollm3"]).no_rope_layers) == {0, 1}
+
+
+def test_bidirectional_gemma3_is_refused():
+    config = tiny.config_for("gemma3", tiny.VOCAB, use_bidirectional_attention=True)
+    with pytest.raises(ConfigError, match=r"use_bidirectional_attention.*causal attention"):
+        REGISTRY["Gemma3ForCausalLM"](config)

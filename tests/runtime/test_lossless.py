@@ -21,6 +21,9 @@ PAIRS = [("llama", "llama_other"), ("llama", "llama_cut"), ("llama", "llama"),
 PAIRS += [(name, f"{name}_cut") for name in ("qwen3", "phi3", "gemma", "gemma2", "gpt2",
                                              "gpt_neox", "opt", "falcon", "falcon_alibi")]
 PAIRS += [("falcon_new", "falcon_cut"), ("gemma2", "llama_cut"), ("gpt2", "opt_cut")]
+# the families added later (Gemma 3 on), each with a truncated draft of its own
+PAIRS += [(name, f"{name}_cut") for name in ("gemma3", "starcoder2", "granite", "olmo2", "smollm3",
+                                             "phi", "stablelm", "gpt_bigcode", "gptj", "cohere")]
 
 # The pairs above run in the graph flavour ssd-export writes by default here ("ort" where it
 # fits; ALiBi stays standard); these run in the standard graph that GPU bundles carry too.
