@@ -160,7 +160,7 @@ class Decoder(nn.Module):
         """One block: pre- or post-norm, sequential or parallel residual.
 
             sequential pre:  x += s·attn(norm(x));  x += s·mlp(mlp_norm(x))
-            parallel:        x += attn(norm(x)) + mlp(mlp_norm(x) or norm(x))
+            parallel:        x += s·(attn(norm(x)) + mlp(mlp_norm(x) or norm(x)))
             sequential post: x = norm(x + attn(x));  x = mlp_norm(x + mlp(x))
 
         A missing norm is the identity; attn(.) and mlp(.) include their output norms; s is
@@ -177,7 +177,7 @@ class Decoder(nn.Module):
             attn_out = getattr(layer, a.attn_out_norm)(attn_out)
         if a.residual == "parallel":
             m = self._mlp(layer, mlp_norm(x) if mlp_norm is not None else h)
-            return x + attn_out + m, new_k, new_v
+            return x + self._scaled(attn_out + m), new_k, new_v
         x = norm(x + attn_out) if post else x + self._scaled(attn_out)
         m = self._mlp(layer, x if post or mlp_norm is None else mlp_norm(x))
         x = mlp_norm(x + m) if post else x + self._scaled(m)
@@ -205,7 +205,9 @@ def _ropes(model: nn.Module, a: Adapter, n_layers: int) -> tuple[nn.ModuleDict, 
     if a.positions != "rope":
         return nn.ModuleDict(), [None] * n_layers
     prefixes = a.layer_rope if a.layer_rope is not None else ("",) * n_layers
-    assert len(prefixes) == n_layers, (len(prefixes), n_layers)
+    if len(prefixes) != n_layers:
+        raise ConfigError(f"the config gives RoPE settings for {len(prefixes)} layers but the "
+                          f"model has {n_layers}; check layer_types / no_rope_layers.")
     keys = [None if p is None else (p.rstrip("_") or "rope") for p in prefixes]
     rotary = None if a.rope_base else get_path(model, a.rotary)
     ropes = nn.ModuleDict()
