@@ -74,6 +74,7 @@ class Adapter:
     attn_softcap: float | None = None     # scores = cap * tanh(scores / cap)
     logit_softcap: float | None = None
     logit_scale: float = 1.0              # times the logits (Cohere; Granite's 1/logits_scaling)
+    qkv_clip: float | None = None         # q, k, v clamped to ±clip after the q/k norms (OLMoE)
     reference_attn: str | None = None     # attention implementation parity compares against
 
 

@@ -128,8 +128,9 @@ class Decoder(nn.Module):
             self.ort_caches[key] = names
         self.register_buffer("no_cache", torch.zeros(1, 1), persistent=False)
         # q, k, v as one packed projection (three MatMuls -> one) where nothing sits between
-        # the projection and the kernel: no q/k norm, RoPE in the kernel or none on that layer
-        direct = [a.q_norm is None and (self.ort_rotary or key is None) for key in self.rope_keys]
+        # the projection and the kernel: no q/k norm or clip, RoPE in the kernel or none there
+        direct = [a.q_norm is None and a.qkv_clip is None and (self.ort_rotary or key is None)
+                  for key in self.rope_keys]
         self.packed = nn.ModuleList(_packed_qkv(getattr(layer, a.attn), a) if d else nn.Identity()
                                     for layer, d in zip(self.layers, direct))
 
