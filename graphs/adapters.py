@@ -18,6 +18,30 @@ QkNormOver = Literal["head", "heads_first", "projection"]
 
 
 @dataclass(frozen=True)
+class MoeSpec:
+    """A sparse mixture-of-experts block in place of the MLP on some layers (moe.py computes it).
+
+    Paths are from the layer's `block` module. The router is a bias-free linear map to one
+    logit per expert, followed by softmax (in float32), top-k and, if `renormalise`, the k
+    weights divided by their sum. The experts keep fused weights: `gate_up_proj`
+    (E, 2I, H) as [gate; up] and `down_proj` (E, H, I), expert e computing
+    down_e · (act(gate_e · h) * (up_e · h)) with the experts module's own `act_fn`.
+    """
+
+    layers: tuple[int, ...]               # the layers whose MLP is this block (others: dense)
+    top_k: int
+    renormalise: bool
+    activation: str                       # config.hidden_act (ONNX Runtime's kernel: silu only)
+    block: str = "mlp"
+    router: str = "gate"
+    experts: str = "experts"
+    float_weights: bool = False           # routing weights stay float32 (Mixtral); else the
+                                          # model's dtype, as Qwen and OLMoE round them
+    shared_expert: str | None = None      # a dense MLP every token goes through (Qwen2-MoE) ...
+    shared_gate: str | None = None        # ... times sigmoid(shared_gate(h)), a Linear H -> 1
+
+
+@dataclass(frozen=True)
 class Adapter:
     """Where to find the parts of one Hugging Face causal LM and how its layers connect them.
 
@@ -76,6 +100,7 @@ class Adapter:
     logit_scale: float = 1.0              # times the logits (Cohere; Granite's 1/logits_scaling)
     qkv_clip: float | None = None         # q, k, v clamped to ±clip after the q/k norms (OLMoE)
     reference_attn: str | None = None     # attention implementation parity compares against
+    moe: MoeSpec | None = None            # mixture-of-experts layers
 
 
 # --- one builder per family: config -> Adapter --------------------------------------------
