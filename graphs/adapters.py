@@ -254,6 +254,19 @@ def _cohere(config: Any) -> Adapter:
                    logit_scale=config.logit_scale)
 
 
+def _qwen_sparse_layers(config: Any) -> tuple[int, ...]:
+    """Qwen-MoE layers with experts: every decoder_sparse_step-th, less mlp_only_layers."""
+    return tuple(i for i in range(config.num_hidden_layers)
+                 if i not in (config.mlp_only_layers or ()) and config.num_experts > 0
+                 and (i + 1) % config.decoder_sparse_step == 0)
+
+
+def _qwen3_moe(config: Any) -> Adapter:
+    return Adapter(q_norm="q_norm", k_norm="k_norm", moe=MoeSpec(
+        layers=_qwen_sparse_layers(config), top_k=config.num_experts_per_tok,
+        renormalise=bool(config.norm_topk_prob), activation=config.hidden_act))
+
+
 REGISTRY: dict[str, Callable[[Any], Adapter]] = {
     "LlamaForCausalLM": _llama, "MistralForCausalLM": _llama, "Qwen2ForCausalLM": _llama,
     "GemmaForCausalLM": _llama, "Qwen3ForCausalLM": _qwen3, "Phi3ForCausalLM": _phi3,
@@ -269,6 +282,7 @@ REGISTRY: dict[str, Callable[[Any], Adapter]] = {
     "GPTBigCodeForCausalLM": _gpt_bigcode,
     "GPTJForCausalLM": _gptj,
     "CohereForCausalLM": _cohere,
+    "Qwen3MoeForCausalLM": _qwen3_moe,
 }
 
 # RoPE types whose frequencies Hugging Face fixes at load time, and those it keeps fixed
