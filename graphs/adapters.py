@@ -267,6 +267,14 @@ def _qwen3_moe(config: Any) -> Adapter:
         renormalise=bool(config.norm_topk_prob), activation=config.hidden_act))
 
 
+def _qwen2_moe(config: Any) -> Adapter:
+    # a shared expert on every MoE layer, gated per token by a sigmoid
+    return Adapter(moe=MoeSpec(
+        layers=_qwen_sparse_layers(config), top_k=config.num_experts_per_tok,
+        renormalise=bool(config.norm_topk_prob), activation=config.hidden_act,
+        shared_expert="shared_expert", shared_gate="shared_expert_gate"))
+
+
 REGISTRY: dict[str, Callable[[Any], Adapter]] = {
     "LlamaForCausalLM": _llama, "MistralForCausalLM": _llama, "Qwen2ForCausalLM": _llama,
     "GemmaForCausalLM": _llama, "Qwen3ForCausalLM": _qwen3, "Phi3ForCausalLM": _phi3,
@@ -283,6 +291,7 @@ REGISTRY: dict[str, Callable[[Any], Adapter]] = {
     "GPTJForCausalLM": _gptj,
     "CohereForCausalLM": _cohere,
     "Qwen3MoeForCausalLM": _qwen3_moe,
+    "Qwen2MoeForCausalLM": _qwen2_moe,
 }
 
 # RoPE types whose frequencies Hugging Face fixes at load time, and those it keeps fixed

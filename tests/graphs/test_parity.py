@@ -23,7 +23,7 @@ CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
          "smollm3": "SmolLM3ForCausalLM", "phi": "PhiForCausalLM",
          "stablelm": "StableLmForCausalLM", "gpt_bigcode": "GPTBigCodeForCausalLM",
          "gptj": "GPTJForCausalLM", "cohere": "CohereForCausalLM",
-         "qwen3_moe": "Qwen3MoeForCausalLM"}
+         "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
 
 _ROPE = {"rope_theta": 10000.0}
 # config variants built in memory: name -> (tiny kind, config overrides, max_context)
