@@ -275,6 +275,13 @@ def _qwen2_moe(config: Any) -> Adapter:
         shared_expert="shared_expert", shared_gate="shared_expert_gate"))
 
 
+def _mixtral(config: Any) -> Adapter:
+    # always renormalised; the routing weights are not rounded back to the model's dtype
+    return Adapter(moe=MoeSpec(
+        layers=tuple(range(config.num_hidden_layers)), top_k=config.num_experts_per_tok,
+        renormalise=True, activation=config.hidden_act, float_weights=True))
+
+
 REGISTRY: dict[str, Callable[[Any], Adapter]] = {
     "LlamaForCausalLM": _llama, "MistralForCausalLM": _llama, "Qwen2ForCausalLM": _llama,
     "GemmaForCausalLM": _llama, "Qwen3ForCausalLM": _qwen3, "Phi3ForCausalLM": _phi3,
@@ -292,6 +299,7 @@ REGISTRY: dict[str, Callable[[Any], Adapter]] = {
     "CohereForCausalLM": _cohere,
     "Qwen3MoeForCausalLM": _qwen3_moe,
     "Qwen2MoeForCausalLM": _qwen2_moe,
+    "MixtralForCausalLM": _mixtral,
 }
 
 # RoPE types whose frequencies Hugging Face fixes at load time, and those it keeps fixed

@@ -23,7 +23,8 @@ CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
          "smollm3": "SmolLM3ForCausalLM", "phi": "PhiForCausalLM",
          "stablelm": "StableLmForCausalLM", "gpt_bigcode": "GPTBigCodeForCausalLM",
          "gptj": "GPTJForCausalLM", "cohere": "CohereForCausalLM",
-         "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
+         "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+         "mixtral": "MixtralForCausalLM"}
 
 _ROPE = {"rope_theta": 10000.0}
 # config variants built in memory: name -> (tiny kind, config overrides, max_context)
@@ -63,6 +64,8 @@ VARIANTS = {
     "qwen3_moe_sparse_step": ("qwen3_moe", {"num_hidden_layers": 3, "mlp_only_layers": [],
                                             "decoder_sparse_step": 2, "norm_topk_prob": False},
                               MAX_CONTEXT),
+    # GELU experts: no ONNX Runtime MoE kernel for them, so dense in the ort flavour too
+    "mixtral_gelu": ("mixtral", {"hidden_act": "gelu"}, MAX_CONTEXT),
 }
 
 
@@ -215,6 +218,9 @@ def test_moe_runs_dense_in_plain_onnx_and_on_the_kernel_in_the_ort_flavour(expor
     assert ("com.microsoft", "MoE") not in ops(traced.path) and ("", "TopK") in ops(traced.path)
     assert ("com.microsoft", "MoE") in ops(exported_ort["qwen3_moe"].path)
     assert "kernel: 2 of 4 experts run per token" in exported_ort["qwen3_moe"].moe_note
+    gelu = exported_ort["mixtral_gelu"]
+    assert ("com.microsoft", "MoE") not in ops(gelu.path)
+    assert "dense" in gelu.moe_note and "SiLU experts, not gelu" in gelu.moe_note
     assert exported["llama"][1].moe_note == ""
 
 
