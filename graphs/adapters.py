@@ -282,6 +282,15 @@ def _mixtral(config: Any) -> Adapter:
         renormalise=True, activation=config.hidden_act, float_weights=True))
 
 
+def _olmoe(config: Any) -> Adapter:
+    # OLMo-style q/k norms over the whole projection, optional q/k/v clipping
+    return Adapter(q_norm="q_norm", k_norm="k_norm", qk_norm_over="projection",
+                   qkv_clip=config.clip_qkv, moe=MoeSpec(
+                       layers=tuple(range(config.num_hidden_layers)),
+                       top_k=config.num_experts_per_tok, renormalise=bool(config.norm_topk_prob),
+                       activation=config.hidden_act))
+
+
 REGISTRY: dict[str, Callable[[Any], Adapter]] = {
     "LlamaForCausalLM": _llama, "MistralForCausalLM": _llama, "Qwen2ForCausalLM": _llama,
     "GemmaForCausalLM": _llama, "Qwen3ForCausalLM": _qwen3, "Phi3ForCausalLM": _phi3,
@@ -300,6 +309,7 @@ REGISTRY: dict[str, Callable[[Any], Adapter]] = {
     "Qwen3MoeForCausalLM": _qwen3_moe,
     "Qwen2MoeForCausalLM": _qwen2_moe,
     "MixtralForCausalLM": _mixtral,
+    "OlmoeForCausalLM": _olmoe,
 }
 
 # RoPE types whose frequencies Hugging Face fixes at load time, and those it keeps fixed

@@ -42,7 +42,7 @@ def build_tokenizer(folder: Path):
 FALCON_ALIBI = dict(alibi=True, multi_query=False, parallel_attn=False, num_attention_heads=16)
 KINDS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2", "gpt_neox", "opt",
          "falcon", "gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm",
-         "gpt_bigcode", "gptj", "cohere", "qwen3_moe", "qwen2_moe", "mixtral")
+         "gpt_bigcode", "gptj", "cohere", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
 # mixture of experts: 4 experts of 32, 2 per token
 MOE = dict(num_experts_per_tok=2)
 
@@ -107,6 +107,7 @@ def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra
                                          "shared_expert_intermediate_size": 48}),
         "mixtral": ("MixtralConfig", {**llama_like, **MOE, "num_local_experts": 4,
                                       "intermediate_size": 32}),
+        "olmoe": ("OlmoeConfig", {**llama_like, **MOE, "num_experts": 4, "intermediate_size": 32}),
     }
     if kind not in table:
         raise ValueError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")

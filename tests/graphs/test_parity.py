@@ -24,7 +24,7 @@ CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
          "stablelm": "StableLmForCausalLM", "gpt_bigcode": "GPTBigCodeForCausalLM",
          "gptj": "GPTJForCausalLM", "cohere": "CohereForCausalLM",
          "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-         "mixtral": "MixtralForCausalLM"}
+         "mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM"}
 
 _ROPE = {"rope_theta": 10000.0}
 # config variants built in memory: name -> (tiny kind, config overrides, max_context)
@@ -64,6 +64,7 @@ VARIANTS = {
     "qwen3_moe_sparse_step": ("qwen3_moe", {"num_hidden_layers": 3, "mlp_only_layers": [],
                                             "decoder_sparse_step": 2, "norm_topk_prob": False},
                               MAX_CONTEXT),
+    "olmoe_clip_qkv": ("olmoe", {"clip_qkv": 1.0, "norm_topk_prob": True}, MAX_CONTEXT),
     # GELU experts: no ONNX Runtime MoE kernel for them, so dense in the ort flavour too
     "mixtral_gelu": ("mixtral", {"hidden_act": "gelu"}, MAX_CONTEXT),
 }

@@ -25,7 +25,7 @@ PAIRS += [("falcon_new", "falcon_cut"), ("gemma2", "llama_cut"), ("gpt2", "opt_c
 PAIRS += [(name, f"{name}_cut") for name in ("gemma3", "starcoder2", "granite", "olmo2", "smollm3",
                                              "phi", "stablelm", "gpt_bigcode", "gptj", "cohere")]
 # mixture of experts (Qwen3-MoE's draft keeps its MoE layer, the target mixes MoE and dense)
-PAIRS += [(name, f"{name}_cut") for name in ("qwen3_moe", "qwen2_moe", "mixtral")]
+PAIRS += [(name, f"{name}_cut") for name in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")]
 
 # The pairs above run in the graph flavour ssd-export writes by default here ("ort" where it
 # fits; ALiBi stays standard); these run in the standard graph that GPU bundles carry too.
