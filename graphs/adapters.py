@@ -18,6 +18,30 @@ QkNormOver = Literal["head", "heads_first", "projection"]
 
 
 @dataclass(frozen=True)
+class MoeSpec:
+    """A sparse mixture-of-experts block in place of the MLP on some layers (moe.py computes it).
+
+    Paths are from the layer's `block` module. The router is a bias-free linear map to one
+    logit per expert, followed by softmax (in float32), top-k and, if `renormalise`, the k
+    weights divided by their sum. The experts keep fused weights: `gate_up_proj`
+    (E, 2I, H) as [gate; up] and `down_proj` (E, H, I), expert e computing
+    down_e · (act(gate_e · h) * (up_e · h)) with the experts module's own `act_fn`.
+    """
+
+    layers: tuple[int, ...]               # the layers whose MLP is this block (others: dense)
+    top_k: int
+    renormalise: bool
+    activation: str                       # config.hidden_act (ONNX Runtime's kernel: silu only)
+    block: str = "mlp"
+    router: str = "gate"
+    experts: str = "experts"
+    float_weights: bool = False           # routing weights stay float32 (Mixtral); else the
+                                          # model's dtype, as Qwen and OLMoE round them
+    shared_expert: str | None = None      # a dense MLP every token goes through (Qwen2-MoE) ...
+    shared_gate: str | None = None        # ... times sigmoid(shared_gate(h)), a Linear H -> 1
+
+
+@dataclass(frozen=True)
 class Adapter:
     """Where to find the parts of one Hugging Face causal LM and how its layers connect them.
 
@@ -74,7 +98,9 @@ class Adapter:
     attn_softcap: float | None = None     # scores = cap * tanh(scores / cap)
     logit_softcap: float | None = None
     logit_scale: float = 1.0              # times the logits (Cohere; Granite's 1/logits_scaling)
+    qkv_clip: float | None = None         # q, k, v clamped to ±clip after the q/k norms (OLMoE)
     reference_attn: str | None = None     # attention implementation parity compares against
+    moe: MoeSpec | None = None            # mixture-of-experts layers
 
 
 # --- one builder per family: config -> Adapter --------------------------------------------
@@ -228,6 +254,43 @@ def _cohere(config: Any) -> Adapter:
                    logit_scale=config.logit_scale)
 
 
+def _qwen_sparse_layers(config: Any) -> tuple[int, ...]:
+    """Qwen-MoE layers with experts: every decoder_sparse_step-th, less mlp_only_layers."""
+    return tuple(i for i in range(config.num_hidden_layers)
+                 if i not in (config.mlp_only_layers or ()) and config.num_experts > 0
+                 and (i + 1) % config.decoder_sparse_step == 0)
+
+
+def _qwen3_moe(config: Any) -> Adapter:
+    return Adapter(q_norm="q_norm", k_norm="k_norm", moe=MoeSpec(
+        layers=_qwen_sparse_layers(config), top_k=config.num_experts_per_tok,
+        renormalise=bool(config.norm_topk_prob), activation=config.hidden_act))
+
+
+def _qwen2_moe(config: Any) -> Adapter:
+    # a shared expert on every MoE layer, gated per token by a sigmoid
+    return Adapter(moe=MoeSpec(
+        layers=_qwen_sparse_layers(config), top_k=config.num_experts_per_tok,
+        renormalise=bool(config.norm_topk_prob), activation=config.hidden_act,
+        shared_expert="shared_expert", shared_gate="shared_expert_gate"))
+
+
+def _mixtral(config: Any) -> Adapter:
+    # always renormalised; the routing weights are not rounded back to the model's dtype
+    return Adapter(moe=MoeSpec(
+        layers=tuple(range(config.num_hidden_layers)), top_k=config.num_experts_per_tok,
+        renormalise=True, activation=config.hidden_act, float_weights=True))
+
+
+def _olmoe(config: Any) -> Adapter:
+    # OLMo-style q/k norms over the whole projection, optional q/k/v clipping
+    return Adapter(q_norm="q_norm", k_norm="k_norm", qk_norm_over="projection",
+                   qkv_clip=config.clip_qkv, moe=MoeSpec(
+                       layers=tuple(range(config.num_hidden_layers)),
+                       top_k=config.num_experts_per_tok, renormalise=bool(config.norm_topk_prob),
+                       activation=config.hidden_act))
+
+
 REGISTRY: dict[str, Callable[[Any], Adapter]] = {
     "LlamaForCausalLM": _llama, "MistralForCausalLM": _llama, "Qwen2ForCausalLM": _llama,
     "GemmaForCausalLM": _llama, "Qwen3ForCausalLM": _qwen3, "Phi3ForCausalLM": _phi3,
@@ -243,6 +306,10 @@ REGISTRY: dict[str, Callable[[Any], Adapter]] = {
     "GPTBigCodeForCausalLM": _gpt_bigcode,
     "GPTJForCausalLM": _gptj,
     "CohereForCausalLM": _cohere,
+    "Qwen3MoeForCausalLM": _qwen3_moe,
+    "Qwen2MoeForCausalLM": _qwen2_moe,
+    "MixtralForCausalLM": _mixtral,
+    "OlmoeForCausalLM": _olmoe,
 }
 
 # RoPE types whose frequencies Hugging Face fixes at load time, and those it keeps fixed

@@ -50,6 +50,8 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
         h ─ proj ─┬─ q ─ q_norm ─ rope ─────────────┐
                   ├─ k ─ k_norm ─ rope ─ cat(past) ─ softmax(q·kᵀ·s [capped] + bias) · v ─ o
                   └─ v ──────────────── cat(past) ─┘
+
+    (OLMoE clamps q, k and v to ±qkv_clip after the norms.)
     """
     B, T, _ = h.shape
     Hkv, G, D = heads.num_kv_heads, heads.groups, heads.head_dim
@@ -60,6 +62,8 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
     q, k, v = _project(attn, a, heads, h)                           # (B, T, H|Hkv, D)
     if a.q_norm is not None:
         q, k = _qk_norm(attn, a, q, k)
+    if a.qkv_clip is not None:                                      # OLMoE's clip_qkv
+        q, k, v = (t.clamp(-a.qkv_clip, a.qkv_clip) for t in (q, k, v))
     if rope is not None and cos_sin is not None:
         q = rope.apply(q, *cos_sin)
         k = rope.apply(k, *cos_sin)

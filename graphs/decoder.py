@@ -8,8 +8,8 @@ In the "ort" flavour (contract.py) the caches are whole head-major buffers
 ONNX Runtime's GroupQueryAttention (ort_ops.py).
 
 It reuses the Hugging Face modules for embeddings, norms, MLPs and the LM head, and
-does positions (attention.py, positions.py) and attention itself. The adapter says
-where the modules are and how a layer connects them.
+does positions (attention.py, positions.py), attention and mixture-of-experts blocks
+(moe.py) itself. The adapter says where the modules are and how a layer connects them.
 """
 from __future__ import annotations
 
@@ -20,12 +20,13 @@ from torch import nn
 
 from .adapters import Adapter, get_path, sliding_windows
 from .attention import Heads, OrtAttention, attention, causal_mask
+from .moe import check_moe, cost_note, interleaved_gate_up, moe, uses_kernel
 from .positions import Rope, alibi_bias, alibi_slopes
 
 
 class Decoder(nn.Module):
     def __init__(self, model: nn.Module, adapter: Adapter, flavour: str = contract.STANDARD,
-                 max_context: int = 0) -> None:
+                 max_context: int = 0, source: str = "model") -> None:
         super().__init__()
         self.flavour = flavour
         config = model.config
@@ -45,6 +46,7 @@ class Decoder(nn.Module):
         self.heads = Heads(num_heads, num_kv_heads, int(getattr(attn[0], a.head_dim)))
         self.scalings = [float(getattr(m, a.scaling)) for m in attn]   # GPT-2 may scale per layer
         self.windows = sliding_windows(config)
+        self._init_moe(source)
         if flavour == contract.ORT:
             self._init_ort(max_context)
         if a.positions == "alibi":
@@ -78,11 +80,11 @@ class Decoder(nn.Module):
         masks = {w: causal_mask(position_ids, key_pos, w) for w in set(self.windows)}  # (B,1,1,T,S)
         alibi = alibi_bias(self.alibi_slopes, key_pos) if a.positions == "alibi" else None
         outputs: list[torch.Tensor] = []
-        for i, layer in enumerate(self.layers):
+        for i in range(len(self.layers)):
             bias = masks[self.windows[i]]
             if alibi is not None:                                   # Falcon scales it like q·k
                 bias = bias + alibi * self.scalings[i]              # (B, Hkv, G, T, S)
-            x, new_k, new_v = self._layer(layer, x, self._rope(i), tables.get(self.rope_keys[i]),
+            x, new_k, new_v = self._layer(i, x, self._rope(i), tables.get(self.rope_keys[i]),
                                           past[2 * i], past[2 * i + 1], self.scalings[i], bias)
             outputs += [new_k, new_v]
         return (self._head(x), *outputs)
@@ -99,6 +101,20 @@ class Decoder(nn.Module):
         if a.logit_softcap is not None:
             logits = torch.tanh(logits / a.logit_softcap) * a.logit_softcap
         return logits
+
+    def _init_moe(self, source: str) -> None:
+        """Mixture-of-experts layers (moe.py): dense, or in the `ort` flavour ONNX Runtime's
+        MoE kernel for SiLU experts (it reads gate and up interleaved: one copy per layer)."""
+        spec, ort = self.adapter.moe, self.flavour == contract.ORT
+        self.moe_layers = frozenset(spec.layers if spec is not None else ())
+        self.moe_kernel = spec is not None and ort and uses_kernel(spec)
+        self.moe_note = ""
+        if spec is None or not spec.layers:
+            return
+        self.moe_note = cost_note(spec, check_moe(self.layers, spec, source), ort)
+        for i in spec.layers if self.moe_kernel else ():
+            fc1 = interleaved_gate_up(getattr(self.layers[i], spec.block), spec)
+            self.register_buffer(f"moe_fc1_{i}", fc1, persistent=False)
 
     def _rope(self, i: int) -> Rope | None:
         key = self.rope_keys[i]
@@ -128,8 +144,9 @@ class Decoder(nn.Module):
             self.ort_caches[key] = names
         self.register_buffer("no_cache", torch.zeros(1, 1), persistent=False)
         # q, k, v as one packed projection (three MatMuls -> one) where nothing sits between
-        # the projection and the kernel: no q/k norm, RoPE in the kernel or none on that layer
-        direct = [a.q_norm is None and (self.ort_rotary or key is None) for key in self.rope_keys]
+        # the projection and the kernel: no q/k norm or clip, RoPE in the kernel or none there
+        direct = [a.q_norm is None and a.qkv_clip is None and (self.ort_rotary or key is None)
+                  for key in self.rope_keys]
         self.packed = nn.ModuleList(_packed_qkv(getattr(layer, a.attn), a) if d else nn.Identity()
                                     for layer, d in zip(self.layers, direct))
 
@@ -140,7 +157,7 @@ class Decoder(nn.Module):
         tables = {} if self.ort_rotary else {
             key: rope.tables(position_ids, x.dtype) for key, rope in self.ropes.items()}
         outputs: list[torch.Tensor] = []
-        for i, layer in enumerate(self.layers):
+        for i in range(len(self.layers)):
             packed, key = self.packed[i], self.rope_keys[i]
             kernel_rotates = self.ort_rotary and key is not None
             cos, sin = (getattr(self, n).to(x.dtype) for n in self.ort_caches[key]) \
@@ -148,13 +165,13 @@ class Decoder(nn.Module):
             o = OrtAttention(seqlens_k, total_len, position_ids, cos, sin, kernel_rotates,
                              self.windows[i] or 0,
                              None if isinstance(packed, nn.Identity) else packed)
-            x, cache_k, cache_v = self._layer(layer, x, self._rope(i), tables.get(key),
+            x, cache_k, cache_v = self._layer(i, x, self._rope(i), tables.get(key),
                                               caches[2 * i], caches[2 * i + 1], self.scalings[i],
                                               None, o)
             outputs += [cache_k, cache_v]
         return (self._head(x), *outputs)
 
-    def _layer(self, layer: nn.Module, x: torch.Tensor, rope: Rope | None, cos_sin,
+    def _layer(self, i: int, x: torch.Tensor, rope: Rope | None, cos_sin,
                past_k: torch.Tensor, past_v: torch.Tensor, scaling: float,
                bias: torch.Tensor | None, ort: OrtAttention | None = None):
         """One block: pre- or post-norm, sequential or parallel residual.
@@ -167,6 +184,7 @@ class Decoder(nn.Module):
         the residual scale (1 but for Granite).
         """
         a = self.adapter
+        layer = self.layers[i]
         post = a.norm_position == "post"
         norm = _module(layer, a.input_norm)
         mlp_norm = getattr(layer, a.mlp_norm) if a.mlp_norm is not None else None
@@ -176,10 +194,10 @@ class Decoder(nn.Module):
         if a.attn_out_norm is not None:
             attn_out = getattr(layer, a.attn_out_norm)(attn_out)
         if a.residual == "parallel":
-            m = self._mlp(layer, mlp_norm(x) if mlp_norm is not None else h)
+            m = self._mlp(i, mlp_norm(x) if mlp_norm is not None else h)
             return x + self._scaled(attn_out + m), new_k, new_v
         x = norm(x + attn_out) if post else x + self._scaled(attn_out)
-        m = self._mlp(layer, x if post or mlp_norm is None else mlp_norm(x))
+        m = self._mlp(i, x if post or mlp_norm is None else mlp_norm(x))
         x = mlp_norm(x + m) if post else x + self._scaled(m)
         return x, new_k, new_v
 
@@ -187,9 +205,14 @@ class Decoder(nn.Module):
         scale = self.adapter.residual_scale
         return branch if scale == 1.0 else branch * scale
 
-    def _mlp(self, layer: nn.Module, h: torch.Tensor) -> torch.Tensor:
-        for name in self.adapter.mlp:
-            h = getattr(layer, name)(h)
+    def _mlp(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        a, layer = self.adapter, self.layers[i]
+        if i in self.moe_layers:
+            fc1 = getattr(self, f"moe_fc1_{i}") if self.moe_kernel else None
+            h = moe(getattr(layer, a.moe.block), a.moe, h, fc1)
+        else:
+            for name in a.mlp:
+                h = getattr(layer, name)(h)
         if self.adapter.mlp_out_norm is not None:
             h = getattr(layer, self.adapter.mlp_out_norm)(h)
         return h

@@ -1,4 +1,4 @@
-"""ONNX Runtime's GroupQueryAttention as a traceable op, for the `ort` graph flavour.
+"""ONNX Runtime's GroupQueryAttention (and MoE) as traceable ops, for the `ort` graph flavour.
 
 `gqa(...)` is a PyTorch custom op with a reference implementation in plain torch (so the
 wrapper still runs eagerly) that the ONNX exporter writes as one
@@ -6,6 +6,7 @@ wrapper still runs eagerly) that the ONNX exporter writes as one
 head-major buffer `(B, Hkv, max_context, D)` that the op reads and writes in place
 (`past_key` and `present_key` bound to the same memory): the kernel writes the new rows at
 the past length it reads from `seqlens_k`, and no past key or value is copied per step.
+`moe_kernel(...)` is likewise one `com.microsoft::MoE` node: SiLU experts run as routed.
 """
 from __future__ import annotations
 
@@ -66,6 +67,29 @@ def _(query, key, value, past_key, past_value, seqlens_k, total_len, cos_cache, 
     return out, torch.empty_like(past_key), torch.empty_like(past_value)
 
 
+@torch.library.custom_op("ssd::moe", mutates_args=())
+def moe_kernel(x: torch.Tensor, router_logits: torch.Tensor, fc1: torch.Tensor, fc2: torch.Tensor,
+               k: int, normalize: int) -> torch.Tensor:
+    """x (N, H), router_logits (N, E), fc1 (E, 2I, H) gate/up rows interleaved, fc2 (E, H, I)
+    -> (N, H): softmax, top-k [renormalised], Σ w · fc2 · (silu(gate · x) * (up · x))."""
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    top, index = torch.topk(probs, k, dim=-1)                             # (N, k)
+    if normalize:
+        top = top / top.sum(dim=-1, keepdim=True)
+    out = torch.zeros(x.shape, dtype=torch.float32)
+    for j in range(k):
+        w1, w2 = fc1[index[:, j]], fc2[index[:, j]]                       # (N, 2I, H), (N, H, I)
+        gate_up = torch.einsum("nih,nh->ni", w1.float(), x.float())
+        inner = torch.nn.functional.silu(gate_up[:, 0::2]) * gate_up[:, 1::2]
+        out += top[:, j, None] * torch.einsum("nhi,ni->nh", w2.float(), inner)
+    return out.to(x.dtype)
+
+
+@moe_kernel.register_fake
+def _(x, router_logits, fc1, fc2, k, normalize):
+    return torch.empty_like(x)
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = cos.shape[-1]
     x1, x2 = x[..., :half], x[..., half:]
@@ -80,14 +104,16 @@ _ATTRIBUTES = {"num_heads": "INT", "kv_num_heads": "INT", "scale": "FLOAT", "sof
 
 
 def _register_schema() -> None:
-    """Tell ONNX the signature of the contrib op (it ships no schemas for com.microsoft).
+    """Tell ONNX the signatures of the contrib ops (it ships no schemas for com.microsoft).
 
     The ONNX script evaluator the exporter builds graphs with looks every op up in ONNX's
-    registry; this declares the part of ONNX Runtime's GroupQueryAttention signature used here.
+    registry; this declares the parts of ONNX Runtime's GroupQueryAttention and MoE
+    signatures used here.
     """
     import onnx
     from onnx.defs import OpSchema
 
+    _register_moe_schema(onnx, OpSchema)
     try:
         onnx.defs.get_schema("GroupQueryAttention", 1, _DOMAIN)
         return
@@ -112,12 +138,42 @@ def _register_schema() -> None:
     onnx.defs.register_schema(schema)
 
 
+def _register_moe_schema(onnx, OpSchema) -> None:
+    try:
+        onnx.defs.get_schema("MoE", 1, _DOMAIN)
+        return
+    except onnx.defs.SchemaError:
+        pass
+    option = OpSchema.FormalParameterOption
+    names = ("input", "router_probs", "fc1_experts_weights", "fc1_experts_bias",
+             "fc2_experts_weights", "fc2_experts_bias")
+    attributes = {"k": "INT", "activation_type": "STRING", "normalize_routing_weights": "INT",
+                  "swiglu_fusion": "INT", "activation_alpha": "FLOAT", "activation_beta": "FLOAT"}
+    onnx.defs.register_schema(OpSchema(
+        "MoE", _DOMAIN, 1,
+        inputs=[OpSchema.FormalParameter(n, "T", param_option=option.Optional if "bias" in n
+                                         else option.Single) for n in names],
+        outputs=[OpSchema.FormalParameter("output", "T")],
+        type_constraints=[("T", ["tensor(float)", "tensor(float16)"], "")],
+        attributes=[OpSchema.Attribute(n, getattr(OpSchema.AttrType, t), "")
+                    for n, t in attributes.items()],
+    ))
+
+
 def translation_table() -> dict:
-    """What the exporter writes for `ssd::gqa`: one contrib node."""
+    """What the exporter writes for `ssd::gqa` and `ssd::moe`: one contrib node each."""
     from onnxscript.values import Opset
 
     _register_schema()
     group_query_attention = Opset(_DOMAIN, 1).GroupQueryAttention
+    moe = Opset(_DOMAIN, 1).MoE
+
+    def moe_onnx(x, router_logits, fc1, fc2, k: int, normalize: int):
+        # SwiGLU with alpha 1, beta 0 is silu(gate) * up; the CPU kernel takes gate and up
+        # rows interleaved (swiglu_fusion=1) and no separate fc3
+        return moe(x, router_logits, fc1, None, fc2, k=k, activation_type="swiglu",
+                   normalize_routing_weights=normalize, swiglu_fusion=1, activation_alpha=1.0,
+                   activation_beta=0.0)
 
     def gqa_onnx(query, key, value, past_key, past_value, seqlens_k, total_len, cos_cache,
                  sin_cache, position_ids, num_heads: int, kv_heads: int, scale: float,
@@ -133,4 +189,4 @@ def translation_table() -> dict:
             query, key, value, past_key, past_value, seqlens_k, total_len, *rotary,
             num_heads=num_heads, kv_num_heads=kv_heads, scale=scale, _outputs=3, **optional)
 
-    return {torch.ops.ssd.gqa.default: gqa_onnx}
+    return {torch.ops.ssd.gqa.default: gqa_onnx, torch.ops.ssd.moe.default: moe_onnx}

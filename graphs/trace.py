@@ -32,12 +32,13 @@ class TracedModel:
     kv_dtype: str
     parameters: int
     graph: str = contract.STANDARD
+    moe_note: str = ""           # how mixture-of-experts layers run, for a progress line
 
 
 def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context: int,
                    graph: str = contract.STANDARD) -> TracedModel:
     """Write `path` (model.onnx plus external data) for `model` in that graph flavour."""
-    decoder = Decoder(model, adapter_for(model, source), graph, max_context).eval()
+    decoder = Decoder(model, adapter_for(model, source), graph, max_context, source).eval()
     check_rope_context(model, source, max_context)
     n_layers = len(decoder.layers)
     dtype = next(model.parameters()).dtype
@@ -77,6 +78,7 @@ def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context:
         head_dim=decoder.head_dim, vocab_size=model.config.vocab_size,
         kv_dtype=str(dtype).removeprefix("torch."),
         parameters=sum(p.numel() for p in model.parameters()), graph=graph,
+        moe_note=decoder.moe_note,
     )
 
 

@@ -122,6 +122,8 @@ def _trace_checked(loaded: LoadedModel, path: Path, max_context: int, config: Ex
     try:
         with log.stage(f"trace the {role} ({loaded.architecture}, {graph} graph)"):
             traced = export_decoder(loaded.model, loaded.source, path, max_context, graph)
+        if traced.moe_note:
+            log.print(f"    {role}: {traced.moe_note}")
         with log.stage(f"parity of the {role} against Hugging Face"):
             return traced, check_parity(loaded.model, traced.path, role, config.max_draft,
                                         config.dtype, max_context, graph=graph)

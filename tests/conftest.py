@@ -39,6 +39,8 @@ def pytest_collection_modifyitems(config, items):
 # later families, one fixture model each (and a truncated draft)
 NEWER = ("gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm", "gpt_bigcode",
          "gptj", "cohere")
+# mixture-of-experts families
+MOE = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
 
 
 @pytest.fixture(scope="session")
@@ -62,10 +64,10 @@ def models(tmp_path_factory) -> dict[str, Path]:
                                          **tiny.FALCON_ALIBI)
     m["falcon_new"] = tiny.build_model(root / "falcon_new", "falcon", tok, seed=14,
                                        new_decoder_architecture=True, num_kv_heads=2)
-    for seed, kind in enumerate(NEWER, start=15):
+    for seed, kind in enumerate(NEWER + MOE, start=15):
         m[kind] = tiny.build_model(root / kind, kind, tok, seed=seed)
     for name in ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2",
-                 "gpt_neox", "opt", "falcon", "falcon_alibi", *NEWER):
+                 "gpt_neox", "opt", "falcon", "falcon_alibi", *NEWER, *MOE):
         m[f"{name}_cut"] = tiny.truncate(m[name], root / f"{name}_cut", 1, tok)
     return m
 

@@ -42,7 +42,9 @@ def build_tokenizer(folder: Path):
 FALCON_ALIBI = dict(alibi=True, multi_query=False, parallel_attn=False, num_attention_heads=16)
 KINDS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2", "gpt_neox", "opt",
          "falcon", "gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm",
-         "gpt_bigcode", "gptj", "cohere")
+         "gpt_bigcode", "gptj", "cohere", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
+# mixture of experts: 4 experts of 32, 2 per token
+MOE = dict(num_experts_per_tok=2)
 
 
 def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra):
@@ -95,6 +97,17 @@ def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra
                                     n_layer=layers, n_head=4, n_inner=2 * hidden, rotary_dim=8,
                                     initializer_range=0.25, **ids)),
         "cohere": ("CohereConfig", {**llama_like, "logit_scale": 0.25}),
+        # an MoE layer then a dense one (mlp_only_layers), top-2 renormalised
+        "qwen3_moe": ("Qwen3MoeConfig", {**llama_like, **MOE, "head_dim": hidden // 4,
+                                         "num_experts": 4, "moe_intermediate_size": 32,
+                                         "norm_topk_prob": True, "mlp_only_layers": [1]}),
+        # a shared expert behind a sigmoid gate; top-2 weights as they come (not renormalised)
+        "qwen2_moe": ("Qwen2MoeConfig", {**llama_like, **MOE, "num_experts": 4,
+                                         "moe_intermediate_size": 32,
+                                         "shared_expert_intermediate_size": 48}),
+        "mixtral": ("MixtralConfig", {**llama_like, **MOE, "num_local_experts": 4,
+                                      "intermediate_size": 32}),
+        "olmoe": ("OlmoeConfig", {**llama_like, **MOE, "num_experts": 4, "intermediate_size": 32}),
     }
     if kind not in table:
         raise ValueError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")

@@ -22,7 +22,9 @@ CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
          "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM",
          "smollm3": "SmolLM3ForCausalLM", "phi": "PhiForCausalLM",
          "stablelm": "StableLmForCausalLM", "gpt_bigcode": "GPTBigCodeForCausalLM",
-         "gptj": "GPTJForCausalLM", "cohere": "CohereForCausalLM"}
+         "gptj": "GPTJForCausalLM", "cohere": "CohereForCausalLM",
+         "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+         "mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM"}
 
 _ROPE = {"rope_theta": 10000.0}
 # config variants built in memory: name -> (tiny kind, config overrides, max_context)
@@ -58,6 +60,13 @@ VARIANTS = {
                                                "qk_layernorm": True}, MAX_CONTEXT),
     "gpt_bigcode_mha": ("gpt_bigcode", {"multi_query": False}, MAX_CONTEXT),  # per head [q, k, v]
     "cohere_qk_norm": ("cohere", {"use_qk_norm": True}, MAX_CONTEXT),   # Command R+ style
+    # MoE on every other layer (decoder_sparse_step), top-k weights not renormalised
+    "qwen3_moe_sparse_step": ("qwen3_moe", {"num_hidden_layers": 3, "mlp_only_layers": [],
+                                            "decoder_sparse_step": 2, "norm_topk_prob": False},
+                              MAX_CONTEXT),
+    "olmoe_clip_qkv": ("olmoe", {"clip_qkv": 1.0, "norm_topk_prob": True}, MAX_CONTEXT),
+    # GELU experts: no ONNX Runtime MoE kernel for them, so dense in the ort flavour too
+    "mixtral_gelu": ("mixtral", {"hidden_act": "gelu"}, MAX_CONTEXT),
 }
 
 
@@ -194,3 +203,62 @@ def test_bidirectional_gemma3_is_refused():
     config = tiny.config_for("gemma3", tiny.VOCAB, use_bidirectional_attention=True)
     with pytest.raises(ConfigError, match=r"use_bidirectional_attention.*causal attention"):
         REGISTRY["Gemma3ForCausalLM"](config)
+
+
+def test_moe_runs_dense_in_plain_onnx_and_on_the_kernel_in_the_ort_flavour(exported,
+                                                                            exported_ort):
+    import onnx
+
+    def ops(path):
+        return {(n.domain, n.op_type) for n in onnx.load(str(path), load_external_data=False)
+                .graph.node}
+
+    _, traced, _ = exported["qwen3_moe"]
+    assert traced.moe_note.startswith("MoE exported dense: all 4 experts run for every token, "
+                                      "2x the routed experts' compute")
+    assert ("com.microsoft", "MoE") not in ops(traced.path) and ("", "TopK") in ops(traced.path)
+    assert ("com.microsoft", "MoE") in ops(exported_ort["qwen3_moe"].path)
+    assert "kernel: 2 of 4 experts run per token" in exported_ort["qwen3_moe"].moe_note
+    gelu = exported_ort["mixtral_gelu"]
+    assert ("com.microsoft", "MoE") not in ops(gelu.path)
+    assert "dense" in gelu.moe_note and "SiLU experts, not gelu" in gelu.moe_note
+    assert exported["llama"][1].moe_note == ""
+
+
+def test_qwen3_moe_mixes_dense_and_moe_layers(models):
+    """The fixture's first layer has experts, its second (mlp_only_layers) a dense MLP."""
+    from transformers import AutoConfig
+
+    assert REGISTRY["Qwen3MoeForCausalLM"](AutoConfig.from_pretrained(
+        models["qwen3_moe"])).moe.layers == (0,)
+
+
+@pytest.mark.parametrize("change,match", [
+    ("router_bias", r"layer 0's mixture-of-experts block has a router \(Qwen3MoeTopKRouter\) "
+                    r"that is not a bias-free linear map.*softmax-then-top-k"),
+    ("experts_bias", r"layer 0's mixture-of-experts block stores its experts "
+                     r"\(Qwen3MoeExperts: has_bias=True\) in a layout ssd-export does not"),
+    ("top_k", r"routes to the top 5 of 4 logits over 4 experts"),
+])
+def test_unsupported_moe_variants_are_refused(exported, change, match):
+    from dataclasses import replace
+
+    from ssd_graphs.adapters import adapter_for
+    from ssd_graphs.decoder import Decoder
+
+    model, _, _ = exported["qwen3_moe"]
+    block = model.model.layers[0].mlp
+    adapter = adapter_for(model, "qwen3_moe")
+    if change == "router_bias":
+        block.gate.bias = torch.nn.Parameter(torch.zeros(4))
+    elif change == "experts_bias":
+        block.experts.has_bias = True
+    else:
+        adapter = replace(adapter, moe=replace(adapter.moe, top_k=5))
+    try:
+        with pytest.raises(ConfigError, match=match):
+            Decoder(model, adapter, source="qwen3_moe")
+    finally:
+        if change == "router_bias":
+            del block.gate.bias
+        block.experts.has_bias = False

@@ -24,11 +24,14 @@ PAIRS += [("falcon_new", "falcon_cut"), ("gemma2", "llama_cut"), ("gpt2", "opt_c
 # the families added later (Gemma 3 on), each with a truncated draft of its own
 PAIRS += [(name, f"{name}_cut") for name in ("gemma3", "starcoder2", "granite", "olmo2", "smollm3",
                                              "phi", "stablelm", "gpt_bigcode", "gptj", "cohere")]
+# mixture of experts (Qwen3-MoE's draft keeps its MoE layer, the target mixes MoE and dense)
+PAIRS += [(name, f"{name}_cut") for name in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")]
 
 # The pairs above run in the graph flavour ssd-export writes by default here ("ort" where it
 # fits; ALiBi stays standard); these run in the standard graph that GPU bundles carry too.
 STANDARD = [("llama", "llama_cut"), ("mistral", "mistral_cut"), ("qwen3", "qwen3_cut"),
-            ("gemma2", "llama_cut"), ("gpt2", "opt_cut"), ("falcon_new", "falcon_cut")]
+            ("gemma2", "llama_cut"), ("gpt2", "opt_cut"), ("falcon_new", "falcon_cut"),
+            ("qwen3_moe", "qwen3_moe_cut")]       # MoE dense, as GPU bundles carry it
 RUNS = [(t, d, "auto") for t, d in PAIRS] + [(t, d, "standard") for t, d in STANDARD]
 
 
