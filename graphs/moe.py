@@ -49,7 +49,9 @@ def check_moe(layers: nn.ModuleList, spec: MoeSpec, source: str) -> int:
         if spec.shared_expert is not None and get_path(block, spec.shared_expert) is None:
             raise ConfigError(f"{where} has no shared expert {spec.shared_expert!r}.")
         counts.add(E)
-    assert len(counts) <= 1, counts
+    if len(counts) > 1:
+        raise ConfigError(f"{source}: its mixture-of-experts layers have different numbers of "
+                          f"experts ({sorted(counts)}); ssd-export expects one number.")
     return counts.pop() if counts else 0
 
 
