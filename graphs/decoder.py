@@ -109,6 +109,7 @@ class Decoder(nn.Module):
         self.moe_layers = frozenset(spec.layers if spec is not None else ())
         self.moe_kernel = spec is not None and ort and uses_kernel(spec)
         self.moe_note = ""
+        self.moe_kind = "none" if not self.moe_layers else "kernel" if self.moe_kernel else "dense"
         if spec is None or not spec.layers:
             return
         self.moe_note = cost_note(spec, check_moe(self.layers, spec, source), ort)

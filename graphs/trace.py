@@ -32,7 +32,8 @@ class TracedModel:
     kv_dtype: str
     parameters: int
     graph: str = contract.STANDARD
-    moe_note: str = ""           # how mixture-of-experts layers run, for a progress line
+    moe: str = "none"            # contract.MOES: how mixture-of-experts layers run
+    moe_note: str = ""           # ... and at what cost, for a progress line
 
 
 def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context: int,
@@ -78,7 +79,7 @@ def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context:
         head_dim=decoder.head_dim, vocab_size=model.config.vocab_size,
         kv_dtype=str(dtype).removeprefix("torch."),
         parameters=sum(p.numel() for p in model.parameters()), graph=graph,
-        moe_note=decoder.moe_note,
+        moe=decoder.moe_kind, moe_note=decoder.moe_note,
     )
 
 

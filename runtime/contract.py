@@ -24,17 +24,23 @@ QUANTS = (NO_QUANT, "int8", "int4")
 # as 1.32 does; 4-bit gives 1.32's logits from 1.20 on.
 ORT_FLAVOUR_MIN = (1, 20)
 QUANT_MIN = {"int4": (1, 20), "int8": (1, 22)}
+# Mixture-of-experts layers: "none", "dense" (every expert on every token, plain ONNX: any
+# backend) or "kernel" (ONNX Runtime's com.microsoft::MoE, the routed experts only; "ort"
+# flavour). Measured: 1.20-1.22 refuse the kernel's SwiGLU attributes, 1.23.0 has no CPU
+# kernel for it, 1.23.1 onwards give 1.32's logits.
+MOES = ("none", "dense", "kernel")
+MOE_KERNEL_MIN = (1, 23, 1)
 
 
-def version_tuple(onnxruntime_version: str) -> tuple[int, int]:
+def version_tuple(onnxruntime_version: str) -> tuple[int, int, int]:
     parts = []
-    for piece in (onnxruntime_version.split(".") + ["0"])[:2]:
+    for piece in (onnxruntime_version.split(".") + ["0", "0"])[:3]:
         digits = "".join(c for c in piece if c.isdigit())
         parts.append(int(digits) if digits else 0)
-    return parts[0], parts[1]
+    return parts[0], parts[1], parts[2]
 
 
-def version_text(version: tuple[int, int]) -> str:
+def version_text(version: tuple[int, ...]) -> str:
     return ".".join(map(str, version))
 
 
@@ -46,11 +52,13 @@ def runs_ort_flavour(onnxruntime_version: str) -> bool:
     return version_tuple(onnxruntime_version) >= ORT_FLAVOUR_MIN
 
 
-def oldest_onnxruntime(graph: str, quant: str) -> tuple[tuple[int, int], str] | None:
-    """The oldest onnxruntime a graph with this flavour and these weights needs, and what needs
-    it; None when any release does."""
+def oldest_onnxruntime(graph: str, quant: str, moe: str = "none"
+                       ) -> tuple[tuple[int, ...], str] | None:
+    """The oldest onnxruntime a graph with this flavour, these weights and these MoE layers
+    needs, and what needs it; None when any release does."""
     needs = ([(ORT_FLAVOUR_MIN, "the 'ort' graph flavour")] if graph == ORT else []) + \
-        ([(QUANT_MIN[quant], f"{quant} weights")] if quant in QUANT_MIN else [])
+        ([(QUANT_MIN[quant], f"{quant} weights")] if quant in QUANT_MIN else []) + \
+        ([(MOE_KERNEL_MIN, "ONNX Runtime's MoE kernel")] if moe == "kernel" else [])
     return max(needs) if needs else None
 
 

@@ -15,8 +15,9 @@ from . import contract
 from .errors import BundleError
 
 FORMAT = "ssd-bundle"
-SCHEMA_VERSION = 3          # 2: models carry "graph" (flavour); 1 reads as "standard"
+SCHEMA_VERSION = 4          # 2: models carry "graph" (flavour); 1 reads as "standard"
                             # 3: models carry "quant" (weights); 1 and 2 read as "none"
+                            # 4: models carry "moe" (how MoE layers run); 1-3 read as "none"
 MANIFEST_NAME = "manifest.json"
 _HINT = "---> HINT: re-run ssd-export to rebuild the bundle."
 
@@ -41,6 +42,7 @@ class ModelEntry:
     graph: str = "standard"   # contract.GRAPHS: "standard" (any backend) or "ort" (ORT CPU)
     quant: str = "none"       # contract.QUANTS: "none", or weight-only "int8"/"int4" (ORT CPU)
     quant_agreement: float | None = None   # top-1 agreement with the float graph, if quantized
+    moe: str = "none"         # contract.MOES: MoE layers "none", "dense" or "kernel" (ORT's MoE)
 
     @property
     def cpu_only(self) -> str:
@@ -137,6 +139,9 @@ class Manifest:
             if entry.quant not in contract.QUANTS:
                 raise BundleError(f"{where}: models.{role}.quant is {entry.quant!r}, expected one "
                                   f"of {list(contract.QUANTS)}. {_HINT}")
+            if entry.moe not in contract.MOES:
+                raise BundleError(f"{where}: models.{role}.moe is {entry.moe!r}, expected one "
+                                  f"of {list(contract.MOES)}. {_HINT}")
         return manifest
 
 

@@ -166,7 +166,7 @@ def _entry(root: Path, loaded: LoadedModel, traced: TracedModel,
         vocab_size=traced.vocab_size, kv_dtype=traced.kv_dtype, logits_dtype="float32",
         inputs=contract.input_names(traced.num_layers),
         outputs=contract.output_names(traced.num_layers, traced.graph),
-        parameters=traced.parameters, parity=parity, graph=traced.graph)
+        parameters=traced.parameters, parity=parity, graph=traced.graph, moe=traced.moe)
 
 
 def _build_info(config: ExportConfig) -> dict:

@@ -68,7 +68,7 @@ def _runner(session, binding):
 def _check_onnxruntime(name: str, entry: ModelEntry) -> None:
     import onnxruntime as ort
 
-    oldest = contract.oldest_onnxruntime(entry.graph, entry.quant)
+    oldest = contract.oldest_onnxruntime(entry.graph, entry.quant, entry.moe)
     if oldest and contract.version_tuple(ort.__version__) < oldest[0]:
         need = contract.version_text(oldest[0])
         raise BackendError(f"the {name} graph has {oldest[1]}, which onnxruntime "

@@ -165,12 +165,13 @@ def test_newer_schema_is_refused(bundle_copy):
     path.write_text(json.dumps(manifest))
     proc = run("ssd_runtime.cli", bundle_copy, "--prompt", "x")
     assert_clean_error(proc, "ssd-run", r"schema_version 99 is newer than this runtime reads "
-                                        r"\(up to 3\).*upgrade")
+                                        r"\(up to 4\).*upgrade")
 
 
 # field, a bad value, what it must be, the schema before the field, what it reads as there
 OLDER_FIELDS = [("graph", "fast", r"\['standard', 'ort'\]", 1, "standard", ()),
-                ("quant", "int3", r"\['none', 'int8', 'int4'\]", 2, "none", ("quant_agreement",))]
+                ("quant", "int3", r"\['none', 'int8', 'int4'\]", 2, "none", ("quant_agreement",)),
+                ("moe", "sparse", r"\['none', 'dense', 'kernel'\]", 3, "none", ())]
 
 
 @pytest.mark.parametrize("field,bad,allowed,schema,default,also", OLDER_FIELDS,

@@ -133,6 +133,25 @@ def test_onnxruntime_too_old_for_the_ort_flavour_is_refused_naming_both_fixes(bu
         Generator.load(bundle)
 
 
+def test_onnxruntime_too_old_for_the_moe_kernel_is_refused_naming_both_fixes(bundle_factory,
+                                                                           monkeypatch):
+    """The ort flavour runs SiLU experts on ONNX Runtime's MoE kernel (1.23.1 and newer); the
+    standard graph runs them dense, on any release."""
+    kernel = bundle_factory("qwen3_moe", "qwen3_moe_cut")
+    dense = bundle_factory("qwen3_moe", "qwen3_moe_cut", graph="standard")
+    from ssd_runtime.manifest import read_manifest
+
+    assert read_manifest(kernel).target.moe == "kernel"
+    assert read_manifest(dense).target.moe == "dense"
+    assert read_manifest(bundle_factory("llama", "llama_cut")).target.moe == "none"
+    monkeypatch.setattr("onnxruntime.__version__", "1.23.0")
+    with pytest.raises(BackendError, match=r"the target graph has ONNX Runtime's MoE kernel, "
+                                           r"which onnxruntime 1\.23\.0 runs wrongly or not at "
+                                           r"all \(it needs 1\.23\.1 or newer\).*--graph standard"):
+        Generator.load(kernel)
+    Generator.load(dense)
+
+
 # --- the real machine (CI has no GPU) ---------------------------------------------------
 
 needs_no_gpu_stack = pytest.mark.skipif(
