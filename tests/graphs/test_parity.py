@@ -131,6 +131,17 @@ def test_ort_flavour_refuses_alibi_naming_the_fix(exported, tmp_path):
         export_decoder(model, "falcon_alibi", tmp_path / "model.onnx", 64, graph="ort")
 
 
+def test_ort_flavour_refuses_a_head_size_not_a_multiple_of_8(tmp_path):
+    """GroupQueryAttention takes head sizes that are multiples of 8 only; a model with heads of
+    20 used to export and then fail inside ONNX Runtime with a bare RuntimeError."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(tiny.config_for("phi", tiny.VOCAB, layers=1,
+                                                             hidden=80)).eval()
+    with pytest.raises(ConfigError, match=r"multiple of 8.*is 20.*--graph standard"):
+        export_decoder(model, "phi", tmp_path / "model.onnx", 64, graph="ort")
+
+
 def test_parity_catches_a_wrong_graph(exported):
     model, traced, _ = exported["llama"]
     layer = model.model.layers[0].self_attn.k_proj
