@@ -156,6 +156,36 @@ def test_parity_catches_a_wrong_graph(exported):
             layer.weight.copy_(saved)
 
 
+def test_parity_fails_a_graph_that_gives_nan(exported, tmp_path):
+    """NaN compares False against any tolerance: a NaN output used to pass parity."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    model, traced, _ = exported["llama"]
+    graph = onnx.load(str(traced.path))
+    norm = next(t for t in graph.graph.initializer if t.name.endswith("norm.weight"))
+    norm.CopyFrom(numpy_helper.from_array(np.full(numpy_helper.to_array(norm).shape, np.nan,
+                                                  np.float32), norm.name))
+    onnx.save(graph, str(tmp_path / "model.onnx"))
+    with pytest.raises(ParityError, match=r"max \|diff\| logits nan"):
+        check_parity(model, tmp_path / "model.onnx", "target", 8, "float32", 256)
+
+
+def test_parity_refuses_a_model_that_overflows_in_hugging_face_itself(tmp_path):
+    """float16 activations past 65504 give inf logits in Hugging Face too: inf - inf is NaN and
+    the limit itself inf, so parity used to pass such a bundle."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny.config_for("llama", tiny.VOCAB, layers=1),
+                                             attn_implementation="eager").eval().half()
+    with torch.no_grad():
+        model.model.norm.weight.fill_(3e4)          # logits past float16's range
+    with pytest.raises(ConfigError, match=r"non-finite logits.*float16.*--dtype float32"):
+        check_parity(model, tmp_path / "unused.onnx", "target", 8, "float16", 64)
+
+
 def test_kv_comparison_reads_cropped_and_repeated_caches():
     """Gemma 2's sliding layers keep only their last rows; Falcon's new architecture stores
     each KV head once per query of its group: parity compares the rows and heads there are."""
