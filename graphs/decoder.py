@@ -134,6 +134,11 @@ class Decoder(nn.Module):
             raise ConfigError("the ort graph flavour has no ALiBi (ONNX Runtime's "
                               "GroupQueryAttention takes no per-head slopes); export with "
                               "--graph standard.")
+        if self.heads.head_dim % 8:
+            raise ConfigError(f"the ort graph flavour needs a head size that is a multiple of 8 "
+                              f"(ONNX Runtime's GroupQueryAttention refuses others at run time); "
+                              f"this model's is {self.heads.head_dim}. ---> HINT: export with "
+                              f"--graph standard.")
         self.ort_rotary = (len(self.ropes) > 0 and a.q_norm is None and all(
             r.rotary_dim == self.heads.head_dim and not r.interleaved for r in self.ropes.values()))
         self.ort_caches: dict[str, tuple[str, str]] = {}    # rope key -> buffer names

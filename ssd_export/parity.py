@@ -15,7 +15,7 @@ import numpy as np
 
 from ssd_graphs.adapters import adapter_for
 from ssd_runtime import contract
-from ssd_runtime.errors import ParityError
+from ssd_runtime.errors import ConfigError, ParityError
 
 PROMPT_LEN = 12
 _TOLERANCE = {"float32": (1e-3, 1e-3), "float16": (5e-2, 2e-2)}   # (absolute, relative to max|ref|)
@@ -42,6 +42,12 @@ def check_parity(model: Any, onnx_path: Path, role: str, max_draft: int, dtype: 
     with torch.no_grad(), _reference_attention(model, role):
         out = model(torch.from_numpy(ids), use_cache=True)
     ref_logits = out.logits.float().numpy()                                  # (1, S, V)
+    if not np.isfinite(ref_logits).all():
+        raise ConfigError(f"{role} model gives non-finite logits (inf or NaN) in Hugging Face "
+                          f"itself in {dtype}: its activations overflow that dtype, so no graph "
+                          f"can reproduce it. ---> HINT: "
+                          + ("export with --dtype float32." if dtype != "float32" else
+                             "check the checkpoint's weights."))
     ref_kv = _hf_cache(out["cache"] if "cache" in out else out.get("past_key_values"), total)
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     n_layers = _layers(session)
@@ -64,7 +70,9 @@ def check_parity(model: Any, onnx_path: Path, role: str, max_draft: int, dtype: 
             if found:
                 diffs[name] = max(found)
         limit = abs_tol + rel_tol * float(np.abs(ref).max())
-        if diffs["logits"] > limit or max(diffs.values()) > max(limit, 10 * abs_tol):
+        # NaN compares False against any limit: a non-finite difference is a failure itself
+        if not np.isfinite(list(diffs.values())).all() or diffs["logits"] > limit \
+                or max(diffs.values()) > max(limit, 10 * abs_tol):
             shown = ", ".join(f"{k} {v:.3g}" for k, v in diffs.items())
             raise ParityError(f"{role} graph {onnx_path} differs from the Hugging Face model at "
                               f"past_len={past_len}, new_len={new_len}: max |diff| {shown} "

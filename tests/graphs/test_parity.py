@@ -131,6 +131,17 @@ def test_ort_flavour_refuses_alibi_naming_the_fix(exported, tmp_path):
         export_decoder(model, "falcon_alibi", tmp_path / "model.onnx", 64, graph="ort")
 
 
+def test_ort_flavour_refuses_a_head_size_not_a_multiple_of_8(tmp_path):
+    """GroupQueryAttention takes head sizes that are multiples of 8 only; a model with heads of
+    20 used to export and then fail inside ONNX Runtime with a bare RuntimeError."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(tiny.config_for("phi", tiny.VOCAB, layers=1,
+                                                             hidden=80)).eval()
+    with pytest.raises(ConfigError, match=r"multiple of 8.*is 20.*--graph standard"):
+        export_decoder(model, "phi", tmp_path / "model.onnx", 64, graph="ort")
+
+
 def test_parity_catches_a_wrong_graph(exported):
     model, traced, _ = exported["llama"]
     layer = model.model.layers[0].self_attn.k_proj
@@ -143,6 +154,36 @@ def test_parity_catches_a_wrong_graph(exported):
     finally:
         with torch.no_grad():
             layer.weight.copy_(saved)
+
+
+def test_parity_fails_a_graph_that_gives_nan(exported, tmp_path):
+    """NaN compares False against any tolerance: a NaN output used to pass parity."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    model, traced, _ = exported["llama"]
+    graph = onnx.load(str(traced.path))
+    norm = next(t for t in graph.graph.initializer if t.name.endswith("norm.weight"))
+    norm.CopyFrom(numpy_helper.from_array(np.full(numpy_helper.to_array(norm).shape, np.nan,
+                                                  np.float32), norm.name))
+    onnx.save(graph, str(tmp_path / "model.onnx"))
+    with pytest.raises(ParityError, match=r"max \|diff\| logits nan"):
+        check_parity(model, tmp_path / "model.onnx", "target", 8, "float32", 256)
+
+
+def test_parity_refuses_a_model_that_overflows_in_hugging_face_itself(tmp_path):
+    """float16 activations past 65504 give inf logits in Hugging Face too: inf - inf is NaN and
+    the limit itself inf, so parity used to pass such a bundle."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny.config_for("llama", tiny.VOCAB, layers=1),
+                                             attn_implementation="eager").eval().half()
+    with torch.no_grad():
+        model.model.norm.weight.fill_(3e4)          # logits past float16's range
+    with pytest.raises(ConfigError, match=r"non-finite logits.*float16.*--dtype float32"):
+        check_parity(model, tmp_path / "unused.onnx", "target", 8, "float16", 64)
 
 
 def test_kv_comparison_reads_cropped_and_repeated_caches():
