@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from ssd_runtime.engines import Precision
+from ssd_runtime.errors import ConfigError
 
 DType = Literal["float32", "float16"]
 Engines = Literal["trt", "none", "auto"]       # auto: build when TensorRT and a GPU are here
@@ -28,3 +29,15 @@ class ExportConfig:
     engine_precision: Precision = "fp16"
     graph: Graph = "auto"
     draft_quant: Quant = "auto"
+
+    def __post_init__(self) -> None:
+        """From Python as from the CLI: paths may be strings, and a value outside a closed set
+        is a ConfigError naming the choices (the CLI's argparse checks them before this)."""
+        object.__setattr__(self, "output", Path(self.output))
+        object.__setattr__(self, "target", str(self.target))
+        object.__setattr__(self, "draft", str(self.draft))
+        for name, kind in (("dtype", DType), ("engines", Engines), ("graph", Graph),
+                           ("draft_quant", Quant), ("engine_precision", Precision)):
+            if getattr(self, name) not in get_args(kind):
+                raise ConfigError(f"ExportConfig {name}={getattr(self, name)!r} is not one of "
+                                  f"{', '.join(get_args(kind))}.")

@@ -41,6 +41,16 @@ def export_cli(target, draft, out, *extra):
                "--quiet", *extra)
 
 
+def test_the_python_api_takes_string_paths_and_names_bad_choices(models, tmp_path):
+    config = ExportConfig(target=models["llama"], draft=models["llama_cut"],
+                          output=str(tmp_path / "b"))
+    assert config.output == tmp_path / "b" and isinstance(config.target, str)
+    with pytest.raises(ConfigError, match=r"dtype='bf16' is not one of float32, float16"):
+        ExportConfig(target="t", draft="d", output="o", dtype="bf16")
+    with pytest.raises(ConfigError, match=r"graph='fast' is not one of auto, standard, ort"):
+        ExportConfig(target="t", draft="d", output="o", graph="fast")
+
+
 def test_missing_model_folder(models, out):
     proc = export_cli(out.parent / "no-such-model", models["llama"], out)
     assert_clean_error(proc, "ssd-export", r"target model folder .*no-such-model.* does not exist")
