@@ -99,6 +99,7 @@ class Adapter:
     logit_softcap: float | None = None
     logit_scale: float = 1.0              # times the logits (Cohere; Granite's 1/logits_scaling)
     qkv_clip: float | None = None         # q, k, v clamped to ±clip after the q/k norms (OLMoE)
+    scores_fp32: bool = False             # q·k computed in float32 (GPT-J: float16 overflows)
     reference_attn: str | None = None     # attention implementation parity compares against
     moe: MoeSpec | None = None            # mixture-of-experts layers
 
@@ -238,11 +239,13 @@ def _gpt_bigcode(config: Any) -> Adapter:
 
 def _gptj(config: Any) -> Adapter:
     # parallel residual on one norm; interleaved RoPE on the first rotary_dim dims, from a
-    # sin/cos table with base 10000 (the module keeps no inv_freq)
+    # sin/cos table with base 10000 (the module keeps no inv_freq); q·k in float32 as
+    # Hugging Face computes it
     return Adapter(embed="transformer.wte", layers="transformer.h", final_norm="transformer.ln_f",
                    rope_base=(10000.0, config.rotary_dim or config.n_embd // config.n_head),
                    rope_interleaved=True, attn="attn", input_norm="ln_1", mlp_norm=None,
-                   residual="parallel", o="out_proj", num_kv_heads=config.num_attention_heads)
+                   residual="parallel", o="out_proj", num_kv_heads=config.num_attention_heads,
+                   scores_fp32=True)
 
 
 def _cohere(config: Any) -> Adapter:

@@ -73,6 +73,8 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
     values = torch.cat((past_v, v), dim=1)
     qg = q.view(B, T, Hkv, G, D).permute(0, 2, 3, 1, 4)             # (B, Hkv, G, T, D)
     kt = keys.permute(0, 2, 3, 1)[:, :, None]                       # (B, Hkv, 1, D, S)
+    if a.scores_fp32:                                               # before the product
+        qg, kt = qg.float(), kt.float()
     scores = torch.matmul(qg, kt).float() * scaling                 # (B, Hkv, G, T, S)
     if a.attn_softcap is not None:
         scores = torch.tanh(scores / a.attn_softcap) * a.attn_softcap

@@ -186,6 +186,29 @@ def test_parity_refuses_a_model_that_overflows_in_hugging_face_itself(tmp_path):
         check_parity(model, tmp_path / "unused.onnx", "target", 8, "float16", 64)
 
 
+def test_gptj_scores_are_float32_in_a_float16_graph(tmp_path):
+    """Hugging Face's GPT-J computes q·k in float32 (float16 overflows past 65504 on a GPU;
+    ONNX Runtime's CPU kernels upcast float16 MatMuls anyway, so only the graph can show it):
+    each layer's score MatMul reads float32, the rest stays float16, and parity holds."""
+    import onnx
+    from onnx import TensorProto
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny.config_for("gptj", tiny.VOCAB),
+                                             attn_implementation="eager").eval().half()
+    traced = export_decoder(model, "gptj", tmp_path / "model.onnx", 64)
+    check_parity(model, traced.path, "target", 8, "float16", 64)
+    graph = onnx.shape_inference.infer_shapes(
+        onnx.load(str(traced.path), load_external_data=False)).graph
+    types = {v.name: v.type.tensor_type.elem_type
+             for v in [*graph.value_info, *graph.input, *graph.output]}
+    types.update({t.name: t.data_type for t in graph.initializer})
+    reads = [tuple(types.get(i) for i in n.input) for n in graph.node if n.op_type == "MatMul"]
+    assert reads.count((TensorProto.FLOAT, TensorProto.FLOAT)) == traced.num_layers
+    assert (TensorProto.FLOAT16, TensorProto.FLOAT16) in reads
+
+
 def test_kv_comparison_reads_cropped_and_repeated_caches():
     """Gemma 2's sliding layers keep only their last rows; Falcon's new architecture stores
     each KV head once per query of its group: parity compares the rows and heads there are."""
