@@ -33,6 +33,7 @@ class TracedModel:
     parameters: int
     graph: str = contract.STANDARD
     moe: str = "none"            # contract.MOES: how mixture-of-experts layers run
+    tops: bool = False           # contract.TOP_ID / TOP_PROB follow the KV outputs (append_tops)
     moe_note: str = ""           # ... and at what cost, for a progress line
 
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from . import contract
 from .errors import BackendError
 from .manifest import EngineEntry, ModelEntry
 
 Precision = Literal["fp16", "bf16", "fp32"]
-PRECISIONS: tuple[str, ...] = ("fp16", "bf16", "fp32")
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 DECODE, PREFILL = 0, 1            # profile indices inside every engine
 Range3 = tuple[int, int, int]     # (min, opt, max)
 

@@ -290,12 +290,9 @@ class AdaptiveK:
 
     def _make_plan(self, alpha: float) -> tuple[int, list[float]]:
         seconds, n = self.times.seconds, self.max_k
-        best, rate, power = 0, 1.0 / seconds[0], alpha
-        for k in range(1, n + 1):
-            power *= alpha
-            r = (1.0 - power) / (1.0 - alpha) / seconds[k]
-            if r > rate:
-                best, rate = k, r
+        rates = [expected_tokens(alpha, k) / seconds[k] for k in range(n + 1)]  # tokens/second
+        best = max(range(n + 1), key=rates.__getitem__)
+        rate = rates[best]
         # thresholds[d]: after d drafted tokens, go on iff P(survive) > min over m of
         # rate · (seconds(d + m) - seconds(d)) / (α + … + α^m)
         thresholds = []

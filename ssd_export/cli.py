@@ -9,11 +9,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import get_args
 
 from ssd_runtime.engines import PRECISIONS
 from ssd_runtime.errors import cli_main
 
-from .config import ExportConfig
+from .config import DType, Engines, ExportConfig, Graph, Quant
 
 EXTRA_HINT = ("ssd-export needs the exporter's packages (torch, transformers, onnx, onnxscript). "
               "---> HINT: pip install 'ssd-toolkit[export]'")
@@ -29,18 +30,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-context", type=int, default=None,
                    help="longest sequence the bundle serves (default: 2048, or the models' limit)")
     p.add_argument("--max-draft", type=int, default=8, help="largest k (draft tokens per round)")
-    p.add_argument("--dtype", choices=("float32", "float16"), default="float32")
-    p.add_argument("--engines", choices=("auto", "trt", "none"), default="auto",
+    p.add_argument("--dtype", choices=get_args(DType), default="float32")
+    p.add_argument("--engines", choices=get_args(Engines), default="auto",
                    help="TensorRT engines: auto (default) builds them when TensorRT and a GPU are "
                         "here and says so when it skips; trt requires them; none skips")
     p.add_argument("--engine-precision", choices=PRECISIONS, default="fp16",
                    help="precision TensorRT may use inside the engines (default fp16)")
-    p.add_argument("--graph", choices=("auto", "standard", "ort"), default="auto",
+    p.add_argument("--graph", choices=get_args(Graph), default="auto",
                    help="graph flavour: standard ONNX runs on every backend (TensorRT, ORT CUDA, "
                         "ORT CPU); ort uses ONNX Runtime's GroupQueryAttention kernel with the KV "
                         "cache updated in place, faster on ORT CPU and CPU-only; auto (default) "
                         "is ort unless TensorRT engines are built or onnxruntime has CUDA here")
-    p.add_argument("--draft-quant", choices=("auto", "none", "int8", "int4"), default="auto",
+    p.add_argument("--draft-quant", choices=get_args(Quant), default="auto",
                    help="the draft's weights: int8/int4 weight-only quantization (ONNX Runtime "
                         "MatMulNBits, CPU-only) makes its steps cheaper and never changes the "
                         "output, only how many draft tokens are accepted; auto (default) is int8 "

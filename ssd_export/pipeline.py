@@ -63,6 +63,7 @@ def export_bundle(config: ExportConfig) -> Manifest:
                 loaded, root / loaded.role / "model.onnx", max_context, config, graph, log)
         if traced["draft"].graph == contract.ORT:        # CPU bundles: the loop reads these
             append_tops(traced["draft"].path)
+            traced["draft"] = replace(traced["draft"], tops=True)
         quant, agreement = quantize_draft(traced["draft"], config.draft_quant, config.dtype,
                                           max_context, log)
         with log.stage("write heads and tokenizer"):
@@ -165,7 +166,8 @@ def _entry(root: Path, loaded: LoadedModel, traced: TracedModel,
         num_kv_heads=traced.num_kv_heads, head_dim=traced.head_dim,
         vocab_size=traced.vocab_size, kv_dtype=traced.kv_dtype, logits_dtype="float32",
         inputs=contract.input_names(traced.num_layers),
-        outputs=contract.output_names(traced.num_layers, traced.graph),
+        outputs=contract.output_names(traced.num_layers, traced.graph)
+        + ([contract.TOP_ID, contract.TOP_PROB] if traced.tops else []),
         parameters=traced.parameters, parity=parity, graph=traced.graph, moe=traced.moe)
 
 

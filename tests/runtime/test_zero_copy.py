@@ -89,6 +89,8 @@ def test_an_ort_draft_gives_its_last_rows_argmax_and_probability(bundle_factory)
         gen = Generator.load(bundle_factory("llama", "llama_cut", draft_quant=quant), threads=1)
         draft = gen.draft
         assert gen.manifest.draft.quant == quant and gen.target.top() is None
+        assert gen.manifest.draft.outputs[-2:] == [contract.TOP_ID, contract.TOP_PROB]
+        assert contract.TOP_ID not in gen.manifest.target.outputs
         draft.prefill(np.array([0, 5, 9], np.int64))
         for ids, past_len in (([17, 33, 64], 3), ([100], 6), ([7], 7)):
             row = draft.forward(np.array(ids, np.int64), past_len)[-1].astype(np.float64)
