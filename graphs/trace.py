@@ -16,7 +16,7 @@ import onnx
 import torch
 from ssd_runtime import contract
 
-from .adapters import adapter_for, check_rope_context
+from .registry import adapter_for, check_rope_context
 from .decoder import Decoder
 
 OPSET = 18

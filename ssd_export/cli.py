@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.list_architectures:
-        from ssd_graphs.adapters import supported_architectures
+        from ssd_graphs.registry import supported_architectures
 
         print("\n".join(supported_architectures()))
         return 0

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ssd_graphs.adapters import REGISTRY, supported_architectures
+from ssd_graphs.registry import REGISTRY, supported_architectures
 from ssd_runtime.errors import ConfigError
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ssd_graphs.adapters import adapter_for
+from ssd_graphs.registry import adapter_for
 from ssd_runtime import contract
 from ssd_runtime.errors import ConfigError, ParityError
 

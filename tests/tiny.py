@@ -129,7 +129,7 @@ def truncate(source: Path, folder: Path, layers: int, tokenizer) -> Path:
     """The source model cut to its first `layers` layers (a draft that partly agrees)."""
     from transformers import AutoModelForCausalLM
 
-    from ssd_graphs.adapters import REGISTRY
+    from ssd_graphs.registry import REGISTRY
 
     model = AutoModelForCausalLM.from_pretrained(source)
     path = REGISTRY[type(model).__name__](model.config).layers     # e.g. transformer.h

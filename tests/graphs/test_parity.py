@@ -6,7 +6,7 @@ import torch
 
 import tiny
 from ssd_export.parity import check_parity
-from ssd_graphs.adapters import REGISTRY
+from ssd_graphs.registry import REGISTRY
 from ssd_graphs.trace import export_decoder
 from ssd_runtime.errors import ConfigError, ParityError
 
@@ -307,7 +307,7 @@ def test_qwen3_moe_mixes_dense_and_moe_layers(models):
 def test_unsupported_moe_variants_are_refused(exported, change, match):
     from dataclasses import replace
 
-    from ssd_graphs.adapters import adapter_for
+    from ssd_graphs.registry import adapter_for
     from ssd_graphs.decoder import Decoder
 
     model, _, _ = exported["qwen3_moe"]

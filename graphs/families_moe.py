@@ -1,0 +1,51 @@
+"""One builder per mixture-of-experts family: a Hugging Face config -> its Adapter and MoeSpec."""
+from __future__ import annotations
+
+from typing import Any
+
+from .adapters import Adapter, MoeSpec
+
+
+def _qwen_sparse_layers(config: Any) -> tuple[int, ...]:
+    """Qwen-MoE layers with experts: every decoder_sparse_step-th, less mlp_only_layers."""
+    return tuple(i for i in range(config.num_hidden_layers)
+                 if i not in (config.mlp_only_layers or ()) and config.num_experts > 0
+                 and (i + 1) % config.decoder_sparse_step == 0)
+
+
+def _qwen3_moe(config: Any) -> Adapter:
+    return Adapter(q_norm="q_norm", k_norm="k_norm", moe=MoeSpec(
+        layers=_qwen_sparse_layers(config), top_k=config.num_experts_per_tok,
+        renormalise=bool(config.norm_topk_prob), activation=config.hidden_act))
+
+
+def _qwen2_moe(config: Any) -> Adapter:
+    # a shared expert on every MoE layer, gated per token by a sigmoid
+    return Adapter(moe=MoeSpec(
+        layers=_qwen_sparse_layers(config), top_k=config.num_experts_per_tok,
+        renormalise=bool(config.norm_topk_prob), activation=config.hidden_act,
+        shared_expert="shared_expert", shared_gate="shared_expert_gate"))
+
+
+def _mixtral(config: Any) -> Adapter:
+    # always renormalised; the routing weights are not rounded back to the model's dtype
+    return Adapter(moe=MoeSpec(
+        layers=tuple(range(config.num_hidden_layers)), top_k=config.num_experts_per_tok,
+        renormalise=True, activation=config.hidden_act, float_weights=True))
+
+
+def _olmoe(config: Any) -> Adapter:
+    # OLMo-style q/k norms over the whole projection, optional q/k/v clipping
+    return Adapter(q_norm="q_norm", k_norm="k_norm", qk_norm_over="projection",
+                   qkv_clip=config.clip_qkv, moe=MoeSpec(
+                       layers=tuple(range(config.num_hidden_layers)),
+                       top_k=config.num_experts_per_tok, renormalise=bool(config.norm_topk_prob),
+                       activation=config.hidden_act))
+
+
+MOE = {
+    "Qwen3MoeForCausalLM": _qwen3_moe,
+    "Qwen2MoeForCausalLM": _qwen2_moe,
+    "MixtralForCausalLM": _mixtral,
+    "OlmoeForCausalLM": _olmoe,
+}
