@@ -9,21 +9,48 @@ from __future__ import annotations
 
 import numpy as np
 
-from .sampling import SamplingParams, position_uniform, probabilities, sample
+from .sampling import Penalties, SamplingParams, position_uniform, probabilities, sample
 
 
-class GreedyAcceptance:
-    """Accept the longest prefix on which the draft agrees with the target's argmax."""
+class Rule:
+    """What every rule shares: the penalties (None: off) over the sequence so far."""
+
+    penalties: Penalties | None = None
+
+    def commit(self, tokens: list[int]) -> None:
+        """The round's emitted tokens join the sequence the penalties read."""
+        if self.penalties is not None:
+            self.penalties.commit(tokens)
+
+    def _penalised(self, row: np.ndarray, pending: list[int]) -> np.ndarray:
+        return row if self.penalties is None else self.penalties.apply(row, pending)
+
+
+class GreedyAcceptance(Rule):
+    """Accept the longest prefix on which the draft agrees with the target's argmax (of the
+    penalised logits, with `penalties`)."""
+
+    def __init__(self, penalties: Penalties | None = None) -> None:
+        self.penalties = penalties
 
     def draft_pick(self, logits: np.ndarray, position: int,
-                   top: tuple[int, float] | None = None) -> tuple[int, None]:
-        """The last row's argmax (logits: (new_len, vocab)); the graph's own when it has one."""
+                   top: tuple[int, float] | None = None, pending: list[int] = ()
+                   ) -> tuple[int, None]:
+        """The last row's argmax (logits: (new_len, vocab)); the graph's own when it has one.
+        `pending`: this round's tokens before this one, not yet judged (for the penalties)."""
+        if self.penalties is not None:
+            return int(np.argmax(self.penalties.apply(logits[-1], pending))), None
         return (top[0] if top is not None else int(np.argmax(logits[-1]))), None
 
     def verify(self, target_logits: np.ndarray, drafts: list[int],
                draft_probs: list[np.ndarray | None]) -> tuple[int, int]:
         """target_logits: (k+1, vocab). Returns (accepted j, next token t)."""
-        return leading_agreement(drafts, np.argmax(target_logits, axis=-1))
+        if self.penalties is None:
+            return leading_agreement(drafts, np.argmax(target_logits, axis=-1))
+        for j in range(len(drafts) + 1):     # row j follows drafts[:j]; stop at a disagreement
+            t = int(np.argmax(self.penalties.apply(target_logits[j], drafts[:j])))
+            if j == len(drafts) or drafts[j] != t:
+                return j, t
 
 
 def leading_agreement(drafts: list[int], choices: np.ndarray) -> tuple[int, int]:
@@ -34,18 +61,19 @@ def leading_agreement(drafts: list[int], choices: np.ndarray) -> tuple[int, int]
     return j, int(choices[j])
 
 
-class SamplingAcceptance:
+class SamplingAcceptance(Rule):
     """Speculative sampling: accept x with probability min(1, p(x)/q(x)); at the first
     rejection sample from normalise(max(0, p - q)); after k acceptances sample from p."""
 
-    def __init__(self, params: SamplingParams) -> None:
-        self.params = params
+    def __init__(self, params: SamplingParams, penalties: Penalties | None = None) -> None:
+        self.params, self.penalties = params, penalties
         self.draft_key, self.verify_rng = random_streams(params.seed)
 
     def draft_pick(self, logits: np.ndarray, position: int,
-                   top: tuple[int, float] | None = None) -> tuple[int, np.ndarray]:
+                   top: tuple[int, float] | None = None, pending: list[int] = ()
+                   ) -> tuple[int, np.ndarray]:
         """Sample the draft token for `position` from q (the last row's distribution)."""
-        q = probabilities(logits[-1], self.params)      # (vocab_draft,)
+        q = probabilities(self._penalised(logits[-1], pending), self.params)   # (vocab_draft,)
         return sample(q, position_uniform(self.draft_key, position)), q
 
     def verify(self, target_logits: np.ndarray, drafts: list[int],
@@ -59,7 +87,7 @@ class SamplingAcceptance:
                accept_u: np.ndarray, final_u: float) -> tuple[int, int]:
         """The rule itself, from given uniforms (so fused heads can be checked against it)."""
         for j, (x, q) in enumerate(zip(drafts, draft_probs)):
-            p = probabilities(target_logits[j], self.params)    # (vocab,)
+            p = probabilities(self._penalised(target_logits[j], drafts[:j]), self.params)
             q = _fit(q, len(p))
             if x < len(p) and accept_u[j] * q[x] < p[x]:   # u < p(x)/q(x), without dividing
                 continue
@@ -67,7 +95,7 @@ class SamplingAcceptance:
             if residual.sum() <= 0:                     # p == q: rejection has probability 0
                 residual = p
             return j, sample(residual, final_u)
-        p = probabilities(target_logits[len(drafts)], self.params)
+        p = probabilities(self._penalised(target_logits[len(drafts)], drafts), self.params)
         return len(drafts), sample(p, final_u)
 
 
@@ -77,10 +105,13 @@ def random_streams(seed: int | None) -> tuple[int, np.random.Generator]:
     return int(draft.generate_state(1, np.uint64)[0]), np.random.default_rng(verify)
 
 
-def make_rule(params: SamplingParams, heads=None):
-    """The host rule, or the same rule on the bundle's ONNX heads when `heads` is given."""
-    if heads is None:
-        return GreedyAcceptance() if params.greedy else SamplingAcceptance(params)
+def make_rule(params: SamplingParams, heads=None, prompt: list[int] = (), vocab: int = 0):
+    """The host rule, or the same rule on the bundle's ONNX heads when `heads` is given
+    (the heads have no penalties: with penalties the host decides)."""
+    if heads is None or params.penalised:
+        penalties = Penalties(params, list(prompt), vocab) if params.penalised else None
+        return GreedyAcceptance(penalties) if params.greedy else SamplingAcceptance(params,
+                                                                                    penalties)
     from .heads import FusedGreedyAcceptance, FusedSamplingAcceptance
 
     return FusedGreedyAcceptance(heads) if params.greedy else FusedSamplingAcceptance(heads, params)

@@ -22,6 +22,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
     p.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="Hugging Face's: seen tokens' logits divided by it (1 = off)")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="OpenAI's: minus this for a token already in the output (0 = off)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="OpenAI's: minus this per time a token is in the output (0 = off)")
     p.add_argument("--stop", action="append", default=None, metavar="TEXT",
                    help="stop when this text appears (repeatable); it is not printed")
     p.add_argument("--mode", choices=("sequential", "split"), default="sequential",
@@ -41,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     gen = Generator.load(args.bundle, backend=args.backend, threads=args.threads)
     options = dict(max_new_tokens=args.max_new_tokens, k=args.k, temperature=args.temperature,
                    top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,
-                   mode=args.mode)
+                   mode=args.mode, repetition_penalty=args.repetition_penalty,
+                   presence_penalty=args.presence_penalty,
+                   frequency_penalty=args.frequency_penalty)
     if args.json:
         res = gen.generate(args.prompt, **options)
         print(json.dumps({"text": res.text, "token_ids": res.token_ids,

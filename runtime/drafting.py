@@ -39,7 +39,10 @@ class SequentialDrafter:
     def close(self) -> None:
         pass
 
-    def _draft(self, feed: list[int], k: int, keep_going, stop: threading.Event | None = None):
+    def _draft(self, feed: list[int], k: int, keep_going, stop: threading.Event | None = None,
+               unjudged: tuple[int, ...] = ()):
+        """Up to k draft tokens after `feed`; `unjudged`: tokens drafted before `feed` and not
+        yet verified (a bet's round), which the rule's penalties count."""
         drafts, probs = [], []
         for _ in range(k):
             if stop is not None and stop.is_set():
@@ -51,7 +54,8 @@ class SequentialDrafter:
             top = self.draft.top()                  # (argmax, its probability) or None
             self.draft_len += len(feed)
             self.draft_calls += 1
-            token, q = self.rule.draft_pick(logits, self.draft_len, top)   # the token's position
+            token, q = self.rule.draft_pick(logits, self.draft_len, top,   # the token's position
+                                            [*unjudged, *drafts] if unjudged else drafts)
             drafts.append(token)
             probs.append(q)
             feed = [token]
@@ -84,7 +88,7 @@ class SplitDrafter(SequentialDrafter):
         self.bets += 1
         # guess the bonus token and the next round: k+1 more tokens after dk
         self.pending = self.pool.submit(self._draft, [drafts[-1]], len(drafts) + 1,
-                                        lambda *_: True, self.stop)
+                                        lambda *_: True, self.stop, tuple(drafts))
 
     def settle(self, target_len: int, accepted_all: bool, next_token: int) -> None:
         if self.pending is None:

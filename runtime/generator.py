@@ -68,9 +68,11 @@ class Generator:
                  k: int | Literal["auto"] = "auto",
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                  seed: int | None = None, stop: Sequence[str] | None = None,
-                 mode: Mode = "sequential") -> GenerationResult:
+                 mode: Mode = "sequential", repetition_penalty: float = 1.0,
+                 presence_penalty: float = 0.0, frequency_penalty: float = 0.0
+                 ) -> GenerationResult:
         for _ in self.stream(prompt, max_new_tokens, k, temperature, top_k, top_p, seed, stop,
-                             mode):
+                             mode, repetition_penalty, presence_penalty, frequency_penalty):
             pass
         assert self.last_result is not None
         return self.last_result
@@ -79,10 +81,12 @@ class Generator:
                k: int | Literal["auto"] = "auto",
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                seed: int | None = None, stop: Sequence[str] | None = None,
-               mode: Mode = "sequential") -> Iterator[str]:
+               mode: Mode = "sequential", repetition_penalty: float = 1.0,
+               presence_penalty: float = 0.0, frequency_penalty: float = 0.0) -> Iterator[str]:
         """Yield text pieces as tokens are accepted; `last_result` holds the whole result.
         Bad settings raise ConfigError here, before the first piece."""
-        params = SamplingParams(temperature, top_k, top_p, seed)
+        params = SamplingParams(temperature, top_k, top_p, seed, repetition_penalty,
+                                presence_penalty, frequency_penalty)
         ids = self._prompt_ids(prompt)
         self._check(k, max_new_tokens, stop)
         if mode not in DRAFTERS:
@@ -94,7 +98,8 @@ class Generator:
         stats = Stats(backend=self.backend, k=k, prompt_tokens=len(ids), mode=mode,
                       threads=f"{self.target.threads}:{self.draft.threads}")
         text = TextStream(self.codec, list(stop or []))
-        rule = make_rule(params, self.heads)
+        rule = make_rule(params, self.heads, ids, max(self.manifest.target.vocab_size,
+                                                      self.manifest.draft.vocab_size))
         kind = "greedy" if params.greedy else "sampled"
         schedule = self._adaptive(kind, mode) if k == "auto" else FixedK(k)
         drafter = DRAFTERS[mode](self.draft, rule, schedule)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .acceptance import leading_agreement, random_streams
+from .acceptance import Rule, leading_agreement, random_streams
 from .backends.device import DeviceLogits
 from .backends.select import CUDA_PROVIDER
 from .errors import BackendError, BundleError
@@ -94,11 +94,12 @@ class HeadSessions:
         return binding.copy_outputs_to_cpu()
 
 
-class FusedGreedyAcceptance:
+class FusedGreedyAcceptance(Rule):
     def __init__(self, heads: HeadSessions) -> None:
         self.heads = heads
 
-    def draft_pick(self, logits: np.ndarray, position: int, top=None) -> tuple[int, None]:
+    def draft_pick(self, logits: np.ndarray, position: int, top=None, pending=()
+                   ) -> tuple[int, None]:
         return int(self.heads.argmax(logits[-1:])[0]), None      # the last row, still on device
 
     def verify(self, target_logits: np.ndarray, drafts: list[int],
@@ -106,12 +107,13 @@ class FusedGreedyAcceptance:
         return leading_agreement(drafts, self.heads.argmax(target_logits))        # (k+1,)
 
 
-class FusedSamplingAcceptance:
+class FusedSamplingAcceptance(Rule):
     def __init__(self, heads: HeadSessions, params: SamplingParams) -> None:
         self.heads, self.params = heads, params
         self.draft_key, self.verify_rng = random_streams(params.seed)
 
-    def draft_pick(self, logits: np.ndarray, position: int, top=None) -> tuple[int, np.ndarray]:
+    def draft_pick(self, logits: np.ndarray, position: int, top=None, pending=()
+                   ) -> tuple[int, np.ndarray]:
         return self.heads.sample(logits, self.params, position_uniform(self.draft_key, position))
 
     def verify(self, target_logits: np.ndarray, drafts: list[int],

@@ -102,6 +102,7 @@ def decode(target: ModelSession, drafter: SequentialDrafter,
             if ended is not None:
                 new = new[:ended + 1]
             seq += new
+            rule.commit(new)
             stats.rounds += 1
             stats.target_calls += 1
             stats.drafted += len(drafts)

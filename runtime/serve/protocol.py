@@ -23,8 +23,8 @@ MAX_STOPS = 4                                 # as the OpenAI API
 # Fields the OpenAI API has and this server does not implement: allowed only at these values.
 UNSUPPORTED_DEFAULTS: dict[str, tuple[Any, ...]] = {
     "n": (None, 1), "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""),
-    "logprobs": (None, False), "top_logprobs": (None, 0), "presence_penalty": (None, 0),
-    "frequency_penalty": (None, 0), "logit_bias": (None, {}), "tools": (None, []),
+    "logprobs": (None, False), "top_logprobs": (None, 0), "logit_bias": (None, {}),
+    "tools": (None, []),
     "functions": (None, []), "tool_choice": (None, "none"),
 }
 # How a field must look, for messages that name the field rather than pydantic's union arms.
@@ -35,6 +35,8 @@ FIELD_SHAPES = {
     "max_tokens": "a positive integer", "max_completion_tokens": "a positive integer",
     "temperature": "a number in [0, 2]", "top_p": "a number in (0, 1]",
     "top_k": "an integer >= 0 (0 turns it off)", "seed": "a non-negative integer",
+    "presence_penalty": "a number in [-2, 2]", "frequency_penalty": "a number in [-2, 2]",
+    "repetition_penalty": "a number > 0 (1 turns it off)",
     "stream": "true or false", "model": "a string naming the served model",
 }
 
@@ -72,6 +74,9 @@ class _Request(BaseModel):
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0                            # extension: 0 turns it off
+    presence_penalty: float | None = None     # None: 0 (the API lets clients send null)
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None   # extension (as vLLM): Hugging Face's; None: 1
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
@@ -121,10 +126,12 @@ class Sampling:
     top_k: int
     seed: int | None
     stop: list[str] | None
+    penalties: dict[str, float]               # presence, frequency, repetition
 
     def options(self, k: int) -> dict[str, Any]:
         return dict(max_new_tokens=self.max_tokens, k=k, temperature=self.temperature,
-                    top_k=self.top_k, top_p=self.top_p, seed=self.seed, stop=self.stop)
+                    top_k=self.top_k, top_p=self.top_p, seed=self.seed, stop=self.stop,
+                    **self.penalties)
 
 
 def parse_request(raw: bytes, kind: type[_Req]) -> _Req:
@@ -164,12 +171,26 @@ def sampling(req: CompletionRequest | ChatCompletionRequest, served_name: str,
         raise ApiError(400, f"top_k={req.top_k} must be >= 0 (0 turns it off).", "top_k")
     if req.seed is not None and req.seed < 0:
         raise ApiError(400, f"seed={req.seed} must be a non-negative integer.", "seed")
+    penalties = {"presence_penalty": _or(req.presence_penalty, 0.0),
+                 "frequency_penalty": _or(req.frequency_penalty, 0.0),
+                 "repetition_penalty": _or(req.repetition_penalty, 1.0)}
+    for name in ("presence_penalty", "frequency_penalty"):
+        if not -2 <= penalties[name] <= 2:
+            raise ApiError(400, f"{name}={penalties[name]} must be in [-2, 2] (0 turns it "
+                                f"off).", name)
+    if not penalties["repetition_penalty"] > 0:
+        raise ApiError(400, f"repetition_penalty={penalties['repetition_penalty']} must be > 0 "
+                            f"(1 turns it off).", "repetition_penalty")
     stop = [req.stop] if isinstance(req.stop, str) else req.stop
     if stop is not None and len(stop) > MAX_STOPS:
         raise ApiError(400, f"stop has {len(stop)} strings; at most {MAX_STOPS} are allowed.",
                        "stop")
     return Sampling(max_tokens, float(req.temperature), float(req.top_p), req.top_k, req.seed,
-                    stop)                      # empty strings: TextStream ignores them
+                    stop, penalties)           # empty strings: TextStream ignores them
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else float(value)
 
 
 def single_prompt(prompt: str | list[int] | list[str] | list[list[int]]) -> str | list[int]:

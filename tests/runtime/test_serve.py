@@ -82,11 +82,20 @@ def test_models_health_metrics(server, client):
         assert f"# TYPE {name.removesuffix('_bucket')}" in text
 
 
-@pytest.mark.parametrize("temperature,seed", [(0.0, None), (0.8, 7)])
-def test_completion_equals_generator(client, gen, temperature, seed):
-    res = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=40,
-                                    temperature=temperature, seed=seed)
-    ref = gen.generate(PROMPT, max_new_tokens=40, k=4, temperature=temperature, seed=seed)
+PENALTIES = dict(presence_penalty=0.6, frequency_penalty=0.4, repetition_penalty=1.3)
+
+
+@pytest.mark.parametrize("temperature,seed,penalties", [(0.0, None, {}), (0.8, 7, {}),
+                                                        (0.0, None, PENALTIES),
+                                                        (0.8, 7, PENALTIES)])
+def test_completion_equals_generator(client, gen, temperature, seed, penalties):
+    extra = {"repetition_penalty": penalties["repetition_penalty"]} if penalties else {}
+    res = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=40, temperature=temperature, seed=seed,
+        presence_penalty=penalties.get("presence_penalty"),
+        frequency_penalty=penalties.get("frequency_penalty"), extra_body=extra)
+    ref = gen.generate(PROMPT, max_new_tokens=40, k=4, temperature=temperature, seed=seed,
+                       **penalties)
     choice = res.choices[0]
     assert choice.text == ref.text
     assert choice.finish_reason == {"eos": "stop", "length": "length"}[ref.stop_reason]
@@ -197,6 +206,12 @@ BAD = [  # (path, body, status, message fragment, param)
      "top_p"),
     ("/v1/completions", {"model": "tiny", "prompt": "x", "top_k": -1}, 400, "top_k=-1", "top_k"),
     ("/v1/completions", {"model": "tiny", "prompt": "x", "seed": -3}, 400, "seed=-3", "seed"),
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "presence_penalty": 2.5}, 400,
+     "presence_penalty=2.5 must be in [-2, 2]", "presence_penalty"),
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "frequency_penalty": "a"}, 400,
+     "'frequency_penalty' must be a number in [-2, 2]", "frequency_penalty"),
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "repetition_penalty": 0}, 400,
+     "repetition_penalty=0.0 must be > 0", "repetition_penalty"),
     ("/v1/completions", {"model": "tiny", "prompt": "x", "stop": 7}, 400, "'stop' must be",
      "stop"),
     ("/v1/completions", {"model": "tiny", "prompt": "x", "stop": list("abcde")}, 400,
