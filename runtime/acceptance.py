@@ -9,46 +9,47 @@ from __future__ import annotations
 
 import numpy as np
 
-from .sampling import Penalties, SamplingParams, position_uniform, probabilities, sample
+from .processors import Processors
+from .sampling import SamplingParams, position_uniform, probabilities, sample
 
 
 class Rule:
-    """What every rule shares: the penalties (None: off) over the sequence so far."""
+    """What every rule shares: the logits processors (None: off) over the sequence so far."""
 
-    penalties: Penalties | None = None
+    processors: Processors | None = None
 
     def commit(self, tokens: list[int]) -> None:
-        """The round's emitted tokens join the sequence the penalties read."""
-        if self.penalties is not None:
-            self.penalties.commit(tokens)
+        """The round's emitted tokens join the sequence the processors read."""
+        if self.processors is not None:
+            self.processors.commit(tokens)
 
     def _penalised(self, row: np.ndarray, pending: list[int]) -> np.ndarray:
-        return row if self.penalties is None else self.penalties.apply(row, pending)
+        return row if self.processors is None else self.processors.apply(row, pending)
 
 
 class GreedyAcceptance(Rule):
     """Accept the longest prefix on which the draft agrees with the target's argmax (of the
-    penalised logits, with `penalties`)."""
+    processed logits, with `processors`)."""
 
-    def __init__(self, penalties: Penalties | None = None) -> None:
-        self.penalties = penalties
+    def __init__(self, processors: Processors | None = None) -> None:
+        self.processors = processors
 
     def draft_pick(self, logits: np.ndarray, position: int,
                    top: tuple[int, float] | None = None, pending: list[int] = ()
                    ) -> tuple[int, None]:
         """The last row's argmax (logits: (new_len, vocab)); the graph's own when it has one.
-        `pending`: this round's tokens before this one, not yet judged (for the penalties)."""
-        if self.penalties is not None:
-            return int(np.argmax(self.penalties.apply(logits[-1], pending))), None
+        `pending`: this round's tokens before this one, not yet judged (for the processors)."""
+        if self.processors is not None:
+            return int(np.argmax(self.processors.apply(logits[-1], pending))), None
         return (top[0] if top is not None else int(np.argmax(logits[-1]))), None
 
     def verify(self, target_logits: np.ndarray, drafts: list[int],
                draft_probs: list[np.ndarray | None]) -> tuple[int, int]:
         """target_logits: (k+1, vocab). Returns (accepted j, next token t)."""
-        if self.penalties is None:
+        if self.processors is None:
             return leading_agreement(drafts, np.argmax(target_logits, axis=-1))
         for j in range(len(drafts) + 1):     # row j follows drafts[:j]; stop at a disagreement
-            t = int(np.argmax(self.penalties.apply(target_logits[j], drafts[:j])))
+            t = int(np.argmax(self.processors.apply(target_logits[j], drafts[:j])))
             if j == len(drafts) or drafts[j] != t:
                 return j, t
 
@@ -65,8 +66,8 @@ class SamplingAcceptance(Rule):
     """Speculative sampling: accept x with probability min(1, p(x)/q(x)); at the first
     rejection sample from normalise(max(0, p - q)); after k acceptances sample from p."""
 
-    def __init__(self, params: SamplingParams, penalties: Penalties | None = None) -> None:
-        self.params, self.penalties = params, penalties
+    def __init__(self, params: SamplingParams, processors: Processors | None = None) -> None:
+        self.params, self.processors = params, processors
         self.draft_key, self.verify_rng = random_streams(params.seed)
 
     def draft_pick(self, logits: np.ndarray, position: int,
@@ -105,13 +106,16 @@ def random_streams(seed: int | None) -> tuple[int, np.random.Generator]:
     return int(draft.generate_state(1, np.uint64)[0]), np.random.default_rng(verify)
 
 
-def make_rule(params: SamplingParams, heads=None, prompt: list[int] = (), vocab: int = 0):
-    """The host rule, or the same rule on the bundle's ONNX heads when `heads` is given
-    (the heads have no penalties: with penalties the host decides)."""
-    if heads is None or params.penalised:
-        penalties = Penalties(params, list(prompt), vocab) if params.penalised else None
-        return GreedyAcceptance(penalties) if params.greedy else SamplingAcceptance(params,
-                                                                                    penalties)
+def make_rule(params: SamplingParams, heads=None, prompt: list[int] = (), vocab: int = 0,
+              eos_ids: set[int] = frozenset()):
+    """The host rule, or the same rule on the bundle's ONNX heads when `heads` is given (the
+    heads have no logits processors: with penalties, a bias or a minimum length the host
+    decides)."""
+    if heads is None or params.processed:
+        processors = Processors(params, list(prompt), vocab, eos_ids) if params.processed \
+            else None
+        return GreedyAcceptance(processors) if params.greedy else SamplingAcceptance(params,
+                                                                                     processors)
     from .heads import FusedGreedyAcceptance, FusedSamplingAcceptance
 
     return FusedGreedyAcceptance(heads) if params.greedy else FusedSamplingAcceptance(heads, params)

@@ -69,10 +69,14 @@ class Generator:
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                  seed: int | None = None, stop: Sequence[str] | None = None,
                  mode: Mode = "sequential", repetition_penalty: float = 1.0,
-                 presence_penalty: float = 0.0, frequency_penalty: float = 0.0
+                 presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                 logit_bias: dict[int, float] | None = None, min_new_tokens: int = 0
                  ) -> GenerationResult:
         for _ in self.stream(prompt, max_new_tokens, k, temperature, top_k, top_p, seed, stop,
-                             mode, repetition_penalty, presence_penalty, frequency_penalty):
+                             mode, repetition_penalty=repetition_penalty,
+                             presence_penalty=presence_penalty,
+                             frequency_penalty=frequency_penalty, logit_bias=logit_bias,
+                             min_new_tokens=min_new_tokens):
             pass
         assert self.last_result is not None
         return self.last_result
@@ -82,24 +86,34 @@ class Generator:
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                seed: int | None = None, stop: Sequence[str] | None = None,
                mode: Mode = "sequential", repetition_penalty: float = 1.0,
-               presence_penalty: float = 0.0, frequency_penalty: float = 0.0) -> Iterator[str]:
+               presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+               logit_bias: dict[int, float] | None = None, min_new_tokens: int = 0
+               ) -> Iterator[str]:
         """Yield text pieces as tokens are accepted; `last_result` holds the whole result.
         Bad settings raise ConfigError here, before the first piece."""
+        if logit_bias is not None and not isinstance(logit_bias, dict):
+            raise ConfigError(f"logit_bias must be a dict {{token id: bias}}, not "
+                              f"{type(logit_bias).__name__}.")
         params = SamplingParams(temperature, top_k, top_p, seed, repetition_penalty,
-                                presence_penalty, frequency_penalty)
+                                presence_penalty, frequency_penalty,
+                                tuple(sorted((logit_bias or {}).items())), min_new_tokens)
         ids = self._prompt_ids(prompt)
         self._check(k, max_new_tokens, stop)
         if mode not in DRAFTERS:
             raise ConfigError(f"mode={mode!r} is unknown; choose one of {', '.join(DRAFTERS)}.")
-        return self._pieces(ids, params, max_new_tokens, k, stop, mode)
+        vocab = self.manifest.target.vocab_size
+        if any(token >= vocab for token, _ in params.logit_bias):
+            raise ConfigError(f"logit_bias: token id {max(logit_bias)} is outside the "
+                              f"vocabulary [0, {vocab}).")
+        rule = make_rule(params, self.heads, ids, max(vocab, self.manifest.draft.vocab_size),
+                         self.eos_ids)
+        return self._pieces(ids, params, rule, max_new_tokens, k, stop, mode)
 
-    def _pieces(self, ids: list[int], params: SamplingParams, max_new_tokens: int, k: int | str,
-                stop: Sequence[str] | None, mode: Mode) -> Iterator[str]:
+    def _pieces(self, ids: list[int], params: SamplingParams, rule, max_new_tokens: int,
+                k: int | str, stop: Sequence[str] | None, mode: Mode) -> Iterator[str]:
         stats = Stats(backend=self.backend, k=k, prompt_tokens=len(ids), mode=mode,
                       threads=f"{self.target.threads}:{self.draft.threads}")
         text = TextStream(self.codec, list(stop or []))
-        rule = make_rule(params, self.heads, ids, max(self.manifest.target.vocab_size,
-                                                      self.manifest.draft.vocab_size))
         kind = "greedy" if params.greedy else "sampled"
         schedule = self._adaptive(kind, mode) if k == "auto" else FixedK(k)
         drafter = DRAFTERS[mode](self.draft, rule, schedule)

@@ -1,9 +1,9 @@
 """Sampling settings and the logits → probabilities processing shared by p and q.
 
-Penalties first (Hugging Face's repetition penalty; OpenAI's presence and
-frequency penalties), then temperature, then top-k, then top-p, in the order
-and with the tie rules of Hugging Face's logits processors, so that a bundle
-samples (and decodes greedily) as `generate` would.
+The processors of processors.py first (logit bias, penalties, minimum length),
+then temperature, then top-k, then top-p, in the order and with the tie rules
+of Hugging Face's logits processors, so that a bundle samples (and decodes
+greedily) as `generate` would.
 """
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0   # Hugging Face: seen logits / (or x, if < 0) it; 1.0: off
     presence_penalty: float = 0.0     # OpenAI: minus this once a token is in the output
     frequency_penalty: float = 0.0    # OpenAI: minus this per time a token is in the output
+    logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, added to its logit)
+    min_new_tokens: int = 0           # EOS is impossible before this many new tokens
 
     def __post_init__(self) -> None:
         t, k, p = self.temperature, self.top_k, self.top_p
@@ -41,59 +43,29 @@ class SamplingParams:
             value = getattr(self, name)
             if not _number(value) or not -2 <= value <= 2:
                 raise ConfigError(f"{name}={value!r} must be a number in [-2, 2] (0 turns it off).")
+        for token, bias in self.logit_bias:
+            if not isinstance(token, (int, np.integer)) or isinstance(token, bool) or token < 0:
+                raise ConfigError(f"logit_bias: key {token!r} must be a token id (an int >= 0).")
+            if not _number(bias) or not -100 <= bias <= 100:
+                raise ConfigError(f"logit_bias[{token}]={bias!r} must be a number in [-100, 100].")
+        m = self.min_new_tokens
+        if not isinstance(m, (int, np.integer)) or isinstance(m, bool) or m < 0:
+            raise ConfigError(f"min_new_tokens={m!r} must be an integer >= 0.")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
     @property
-    def penalised(self) -> bool:
+    def processed(self) -> bool:
+        """Whether any processor of processors.py is on."""
         return (self.repetition_penalty != 1 or self.presence_penalty != 0
-                or self.frequency_penalty != 0)
+                or self.frequency_penalty != 0 or bool(self.logit_bias)
+                or self.min_new_tokens > 0)
 
 
 def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and bool(np.isfinite(x))
-
-
-class Penalties:
-    """The penalties of `params` over a growing sequence: the repetition penalty reads every
-    token so far (prompt and output, as Hugging Face's processor reads input_ids), presence
-    and frequency read the output only (as OpenAI and vLLM define them).
-
-    `commit` adds emitted tokens; `apply` penalises one row's logits as if `pending` (draft
-    tokens not yet judged, the ones before that row) had been emitted too — each row of a
-    verification sees exactly the sequence the target alone would have seen there.
-    """
-
-    def __init__(self, params: SamplingParams, prompt: list[int], vocab: int) -> None:
-        self.repetition = params.repetition_penalty
-        self.presence, self.frequency = params.presence_penalty, params.frequency_penalty
-        self.seen = np.zeros(vocab, bool)
-        self.seen[prompt] = True
-        self.counts = np.zeros(vocab, np.float32)
-
-    def commit(self, tokens: list[int]) -> None:
-        self.seen[tokens] = True
-        np.add.at(self.counts, tokens, 1)
-
-    def apply(self, row: np.ndarray, pending: list[int] = ()) -> np.ndarray:
-        """Penalised copy (vocab,) of one row of logits, in its own dtype (as Hugging Face)."""
-        scores = np.array(row)
-        n = len(scores)
-        seen, counts = self.seen[:n], self.counts[:n]
-        extra = [t for t in pending if t < n]
-        if extra:
-            seen, counts = seen.copy(), counts.copy()
-            seen[extra] = True
-            np.add.at(counts, extra, 1)
-        if self.repetition != 1:
-            idx = np.flatnonzero(seen)
-            s = scores[idx]
-            scores[idx] = np.where(s < 0, s * self.repetition, s / self.repetition)
-        if self.presence or self.frequency:
-            scores -= (self.frequency * counts + self.presence * (counts > 0)).astype(scores.dtype)
-        return scores
 
 
 def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:

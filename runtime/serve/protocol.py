@@ -23,8 +23,7 @@ MAX_STOPS = 4                                 # as the OpenAI API
 # Fields the OpenAI API has and this server does not implement: allowed only at these values.
 UNSUPPORTED_DEFAULTS: dict[str, tuple[Any, ...]] = {
     "n": (None, 1), "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""),
-    "logprobs": (None, False), "top_logprobs": (None, 0), "logit_bias": (None, {}),
-    "tools": (None, []),
+    "logprobs": (None, False), "top_logprobs": (None, 0), "tools": (None, []),
     "functions": (None, []), "tool_choice": (None, "none"),
 }
 # How a field must look, for messages that name the field rather than pydantic's union arms.
@@ -37,6 +36,8 @@ FIELD_SHAPES = {
     "top_k": "an integer >= 0 (0 turns it off)", "seed": "a non-negative integer",
     "presence_penalty": "a number in [-2, 2]", "frequency_penalty": "a number in [-2, 2]",
     "repetition_penalty": "a number > 0 (1 turns it off)",
+    "logit_bias": "an object mapping token ids (as strings) to numbers in [-100, 100]",
+    "min_tokens": "an integer >= 0",
     "stream": "true or false", "model": "a string naming the served model",
 }
 
@@ -77,6 +78,8 @@ class _Request(BaseModel):
     presence_penalty: float | None = None     # None: 0 (the API lets clients send null)
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None   # extension (as vLLM): Hugging Face's; None: 1
+    logit_bias: dict[str, float] | None = None
+    min_tokens: int = 0                       # extension (as vLLM): no EOS before this many
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
@@ -126,7 +129,7 @@ class Sampling:
     top_k: int
     seed: int | None
     stop: list[str] | None
-    penalties: dict[str, float]               # presence, frequency, repetition
+    penalties: dict[str, Any]                 # penalties, logit_bias, min_new_tokens
 
     def options(self, k: int) -> dict[str, Any]:
         return dict(max_new_tokens=self.max_tokens, k=k, temperature=self.temperature,
@@ -181,12 +184,29 @@ def sampling(req: CompletionRequest | ChatCompletionRequest, served_name: str,
     if not penalties["repetition_penalty"] > 0:
         raise ApiError(400, f"repetition_penalty={penalties['repetition_penalty']} must be > 0 "
                             f"(1 turns it off).", "repetition_penalty")
+    penalties["logit_bias"] = _logit_bias(req.logit_bias or {})
+    if req.min_tokens < 0:
+        raise ApiError(400, f"min_tokens={req.min_tokens} must be >= 0.", "min_tokens")
+    penalties["min_new_tokens"] = req.min_tokens
     stop = [req.stop] if isinstance(req.stop, str) else req.stop
     if stop is not None and len(stop) > MAX_STOPS:
         raise ApiError(400, f"stop has {len(stop)} strings; at most {MAX_STOPS} are allowed.",
                        "stop")
     return Sampling(max_tokens, float(req.temperature), float(req.top_p), req.top_k, req.seed,
                     stop, penalties)           # empty strings: TextStream ignores them
+
+
+def _logit_bias(raw: dict[str, float]) -> dict[int, float]:
+    """OpenAI's {"token id": bias} -> {id: bias}; the generator checks ids against the vocab."""
+    out = {}
+    for key, bias in raw.items():
+        if not key.isdigit():
+            raise ApiError(400, f"logit_bias: key {key!r} must be a token id (digits).",
+                           "logit_bias")
+        if not -100 <= bias <= 100:
+            raise ApiError(400, f"logit_bias[{key}]={bias} must be in [-100, 100].", "logit_bias")
+        out[int(key)] = float(bias)
+    return out
 
 
 def _or(value: float | None, default: float) -> float:

@@ -1,4 +1,4 @@
-"""Penalties leave greedy speculative decoding exact: the same tokens as the target alone
+"""Logits processors (penalties, logit bias, minimum length) leave greedy speculation exact: the same tokens as the target alone
 with the same penalties, and as Hugging Face's `generate(repetition_penalty=...)`.
 
 Each verification row is penalised as if the draft tokens before it had been emitted; these
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from ssd_runtime import Generator
-from ssd_runtime.sampling import Penalties, SamplingParams
+from ssd_runtime.processors import Processors
+from ssd_runtime.sampling import SamplingParams
 
 PROMPT = [0, 17, 42, 99, 17, 5]
 NEW = 48
@@ -61,13 +62,34 @@ def test_greedy_with_penalties_equals_the_target_alone_and_hugging_face(pair, pe
     assert gen.generate(PROMPT, max_new_tokens=NEW, k=4, **penalties).stats.accepted > 0
 
 
+def test_logit_bias_and_min_new_tokens_equal_hugging_face(pair):
+    """EOS pushed up by +100 ends the output as soon as the minimum length allows."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    gen, model_dir = pair
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    ids = torch.tensor([PROMPT])
+    hf = model.generate(ids, max_new_tokens=NEW, do_sample=False, pad_token_id=2,
+                        attention_mask=torch.ones_like(ids), sequence_bias={(1,): 100.0},
+                        min_new_tokens=10)[0, len(PROMPT):].tolist()
+    assert len(hf) == 11 and hf[-1] == 1
+    for k in (0, 4, "auto"):
+        for mode in ("sequential", "split") if k else ("sequential",):
+            res = gen.generate(PROMPT, max_new_tokens=NEW, k=k, mode=mode,
+                               logit_bias={1: 100.0}, min_new_tokens=10)
+            assert res.token_ids == hf and res.stop_reason == "eos", (k, mode)
+
+
 def test_pending_tokens_count_as_emitted():
     """apply(row, pending) is apply after committing `pending`; the commit itself is kept."""
     rng = np.random.default_rng(0)
-    params = SamplingParams(repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.25)
-    a, b = Penalties(params, [3, 4], 20), Penalties(params, [3, 4], 20)
+    params = SamplingParams(repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.25,
+                            logit_bias=((2, 1.5),), min_new_tokens=4)
+    a, b = Processors(params, [3, 4], 20, {1}), Processors(params, [3, 4], 20, {1})
     row = rng.normal(0, 3, 20).astype(np.float32)
     b.commit([7, 7, 9])
     np.testing.assert_array_equal(a.apply(row, [7, 7, 9]), b.apply(row))
-    assert not a.seen[7] and a.counts[7] == 0          # pending changed nothing
+    assert a.apply(row, [7, 7, 9])[1] == -np.inf and a.apply(row, [7, 7, 9, 5])[1] > -np.inf
+    assert not a.seen[7] and a.counts[7] == 0 and a.emitted == 0   # pending changed nothing
     assert a.apply(row).dtype == np.float32 and a.apply(row[:10], [15]).shape == (10,)

@@ -24,22 +24,30 @@ SETTINGS = [dict(temperature=1.0), dict(temperature=0.7, top_k=8), dict(temperat
 
 
 def hf_processed(logits, temperature, top_k=0, top_p=1.0, context=PROMPT,
-                 repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0):
+                 repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
+                 logit_bias=None, min_new_tokens=0):
     """Hugging Face's processing of the logits that follow `context` (prompt + output);
     presence and frequency penalties (not in Hugging Face) written out as OpenAI defines them,
     over the output (context past PROMPT)."""
     import torch
-    from transformers.generation.logits_process import (RepetitionPenaltyLogitsProcessor,
+    from transformers.generation.logits_process import (MinNewTokensLengthLogitsProcessor,
+                                                        RepetitionPenaltyLogitsProcessor,
+                                                        SequenceBiasLogitsProcessor,
                                                         TemperatureLogitsWarper,
                                                         TopKLogitsWarper, TopPLogitsWarper)
 
     scores = torch.as_tensor(np.asarray(logits, np.float32))[None]
+    ids = torch.tensor([list(context)])
+    if logit_bias:
+        scores = SequenceBiasLogitsProcessor({(t,): b for t, b in logit_bias.items()})(ids, scores)
     if repetition_penalty != 1:
         scores = RepetitionPenaltyLogitsProcessor(repetition_penalty)(
             torch.tensor([list(context)]), scores)
     counts = torch.bincount(torch.tensor(list(context[len(PROMPT):]), dtype=torch.long),
                             minlength=scores.shape[-1])[:scores.shape[-1]].float()
     scores = scores - frequency_penalty * counts - presence_penalty * (counts > 0).float()
+    if min_new_tokens:
+        scores = MinNewTokensLengthLogitsProcessor(len(PROMPT), min_new_tokens, EOS)(ids, scores)
     scores = TemperatureLogitsWarper(temperature)(None, scores)
     if top_k:
         scores = TopKLogitsWarper(top_k)(None, scores)
@@ -122,11 +130,14 @@ def test_speculative_sampling_is_lossless(small, setting, k):
 # to move the joint by 0.13-0.35 in total variation (this model's logits are within ±1.3)
 PENALISED = [dict(temperature=1.0, repetition_penalty=0.3),
              dict(temperature=0.8, top_k=8, presence_penalty=1.5, frequency_penalty=0.7),
-             dict(temperature=1.0, repetition_penalty=0.6, frequency_penalty=-1.0)]
+             dict(temperature=1.0, repetition_penalty=0.6, frequency_penalty=-1.0),
+             # EOS (token 1) made likely, but impossible as the first token
+             dict(temperature=1.0, logit_bias={EOS: 2.5, 3: -3.0}, min_new_tokens=1)]
 
 
 @pytest.mark.parametrize("mode", ["sequential", "split"])
-@pytest.mark.parametrize("setting", PENALISED, ids=["rep0.3", "pres-freq", "rep0.6-freq-1"])
+@pytest.mark.parametrize("setting", PENALISED, ids=["rep0.3", "pres-freq", "rep0.6-freq-1",
+                                                     "bias-min1"])
 def test_speculative_sampling_with_penalties_is_lossless(small, setting, mode):
     gen, target_dir = small
     joint = exact_joint(target_dir, setting)
@@ -192,6 +203,11 @@ def test_seed_makes_sampling_reproducible(small):
     (dict(repetition_penalty=0.0), r"repetition_penalty=0.0 must be a number > 0"),
     (dict(presence_penalty=2.5), r"presence_penalty=2.5 must be a number in \[-2, 2\]"),
     (dict(frequency_penalty=float("nan")), r"frequency_penalty=nan must be a number in"),
+    (dict(logit_bias={3: 101}), r"logit_bias\[3\]=101 must be a number in \[-100, 100\]"),
+    (dict(logit_bias={16: 1.0}), r"logit_bias: token id 16 is outside the vocabulary \[0, 16\)"),
+    (dict(logit_bias={"3": 1.0}), r"logit_bias: key '3' must be a token id"),
+    (dict(logit_bias=[(3, 1.0)]), r"logit_bias must be a dict"),
+    (dict(min_new_tokens=-1), r"min_new_tokens=-1 must be an integer >= 0"),
 ])
 def test_bad_sampling_settings(small, bad, match):
     gen, _ = small

@@ -82,18 +82,22 @@ def test_models_health_metrics(server, client):
         assert f"# TYPE {name.removesuffix('_bucket')}" in text
 
 
-PENALTIES = dict(presence_penalty=0.6, frequency_penalty=0.4, repetition_penalty=1.3)
+PENALTIES = dict(presence_penalty=0.6, frequency_penalty=0.4, repetition_penalty=1.3,
+                 logit_bias={5: 2.0, 9: -100.0}, min_new_tokens=3)
 
 
 @pytest.mark.parametrize("temperature,seed,penalties", [(0.0, None, {}), (0.8, 7, {}),
                                                         (0.0, None, PENALTIES),
                                                         (0.8, 7, PENALTIES)])
 def test_completion_equals_generator(client, gen, temperature, seed, penalties):
-    extra = {"repetition_penalty": penalties["repetition_penalty"]} if penalties else {}
+    extra = {"repetition_penalty": penalties["repetition_penalty"],
+             "min_tokens": penalties["min_new_tokens"]} if penalties else {}
     res = client.completions.create(
         model=MODEL, prompt=PROMPT, max_tokens=40, temperature=temperature, seed=seed,
         presence_penalty=penalties.get("presence_penalty"),
-        frequency_penalty=penalties.get("frequency_penalty"), extra_body=extra)
+        frequency_penalty=penalties.get("frequency_penalty"),
+        logit_bias={str(t): b for t, b in penalties.get("logit_bias", {}).items()} or None,
+        extra_body=extra)
     ref = gen.generate(PROMPT, max_new_tokens=40, k=4, temperature=temperature, seed=seed,
                        **penalties)
     choice = res.choices[0]
@@ -212,6 +216,14 @@ BAD = [  # (path, body, status, message fragment, param)
      "'frequency_penalty' must be a number in [-2, 2]", "frequency_penalty"),
     ("/v1/completions", {"model": "tiny", "prompt": "x", "repetition_penalty": 0}, 400,
      "repetition_penalty=0.0 must be > 0", "repetition_penalty"),
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "logit_bias": {"x1": 1}}, 400,
+     "logit_bias: key 'x1' must be a token id", "logit_bias"),
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "logit_bias": {"7": -101}}, 400,
+     "logit_bias[7]=-101.0 must be in [-100, 100]", "logit_bias"),
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "logit_bias": {"99999": 1}}, 400,
+     "token id 99999 is outside the vocabulary", None),
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "min_tokens": -2}, 400,
+     "min_tokens=-2 must be >= 0", "min_tokens"),
     ("/v1/completions", {"model": "tiny", "prompt": "x", "stop": 7}, 400, "'stop' must be",
      "stop"),
     ("/v1/completions", {"model": "tiny", "prompt": "x", "stop": list("abcde")}, 400,
