@@ -18,11 +18,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--k", type=k_option, default="auto",
                    help="draft tokens per round: auto (default, adaptive) or N; 0 = target alone")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens (0 = off)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="0 = greedy (default: the model's generation_config, else greedy)")
+    p.add_argument("--top-k", type=int, default=None, help="keep the k likeliest tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (1 = off)")
     p.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
-    p.add_argument("--repetition-penalty", type=float, default=1.0,
+    p.add_argument("--repetition-penalty", type=float, default=None,
                    help="Hugging Face's: seen tokens' logits divided by it (1 = off)")
     p.add_argument("--presence-penalty", type=float, default=0.0,
                    help="OpenAI's: minus this for a token already in the output (0 = off)")

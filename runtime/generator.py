@@ -66,9 +66,10 @@ class Generator:
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128,
                  k: int | Literal["auto"] = "auto",
-                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                 seed: int | None = None, stop: Sequence[str] | None = None,
-                 mode: Mode = "sequential", repetition_penalty: float = 1.0,
+                 temperature: float | None = None, top_k: int | None = None,
+                 top_p: float | None = None, seed: int | None = None,
+                 stop: Sequence[str] | None = None, mode: Mode = "sequential",
+                 repetition_penalty: float | None = None,
                  presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                  logit_bias: dict[int, float] | None = None, min_new_tokens: int = 0
                  ) -> GenerationResult:
@@ -83,20 +84,28 @@ class Generator:
 
     def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 128,
                k: int | Literal["auto"] = "auto",
-               temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-               seed: int | None = None, stop: Sequence[str] | None = None,
-               mode: Mode = "sequential", repetition_penalty: float = 1.0,
+               temperature: float | None = None, top_k: int | None = None,
+               top_p: float | None = None, seed: int | None = None,
+               stop: Sequence[str] | None = None, mode: Mode = "sequential",
+               repetition_penalty: float | None = None,
                presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                logit_bias: dict[int, float] | None = None, min_new_tokens: int = 0
                ) -> Iterator[str]:
         """Yield text pieces as tokens are accepted; `last_result` holds the whole result.
-        Bad settings raise ConfigError here, before the first piece."""
+        Unset temperature, top_k, top_p and repetition_penalty take `defaults()`. Bad settings
+        raise ConfigError here, before the first piece."""
         if logit_bias is not None and not isinstance(logit_bias, dict):
             raise ConfigError(f"logit_bias must be a dict {{token id: bias}}, not "
                               f"{type(logit_bias).__name__}.")
-        params = SamplingParams(temperature, top_k, top_p, seed, repetition_penalty,
-                                presence_penalty, frequency_penalty,
-                                tuple(sorted((logit_bias or {}).items())), min_new_tokens)
+        given = dict(temperature=temperature, top_k=top_k, top_p=top_p,
+                     repetition_penalty=repetition_penalty)
+        unset = self.defaults()
+        params = SamplingParams(**{name: unset[name] if value is None else value
+                                   for name, value in given.items()}, seed=seed,
+                                presence_penalty=presence_penalty,
+                                frequency_penalty=frequency_penalty,
+                                logit_bias=tuple(sorted((logit_bias or {}).items())),
+                                min_new_tokens=min_new_tokens)
         ids = self._prompt_ids(prompt)
         self._check(k, max_new_tokens, stop)
         if mode not in DRAFTERS:
@@ -108,6 +117,18 @@ class Generator:
         rule = make_rule(params, self.heads, ids, max(vocab, self.manifest.draft.vocab_size),
                          self.eos_ids)
         return self._pieces(ids, params, rule, max_new_tokens, k, stop, mode)
+
+    def defaults(self, openai: bool = False) -> dict[str, float]:
+        """What an unset temperature, top_k, top_p or repetition_penalty means: the value the
+        target's generation_config sets (recorded at export; sampling ones only when it sets
+        do_sample, as Hugging Face's generate), else off — greedy, or with `openai` (the
+        server) temperature 1 as the OpenAI API has it."""
+        g = self.manifest.generation
+        sample = g.get("do_sample", False)
+        return {"temperature": g.get("temperature", 1.0) if sample else float(openai),
+                "top_k": g.get("top_k", 0) if sample else 0,
+                "top_p": g.get("top_p", 1.0) if sample else 1.0,
+                "repetition_penalty": g.get("repetition_penalty", 1.0)}
 
     def _pieces(self, ids: list[int], params: SamplingParams, rule, max_new_tokens: int,
                 k: int | str, stop: Sequence[str] | None, mode: Mode) -> Iterator[str]:

@@ -91,6 +91,9 @@ class Manifest:
     build: dict[str, Any] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)   # relative path -> sha256
     engines: list[EngineEntry] = field(default_factory=list)   # TensorRT engines, if built
+    generation: dict[str, Any] = field(default_factory=dict)  # the target's explicit
+                                          # generation_config: do_sample, temperature, top_k,
+                                          # top_p, repetition_penalty (the runtime's defaults)
     format: str = FORMAT
     schema_version: int = SCHEMA_VERSION
 
@@ -128,6 +131,7 @@ class Manifest:
                 build=dict(data.get("build", {})),
                 files=dict(data.get("files", {})),
                 engines=[EngineEntry(**e) for e in data.get("engines", [])],
+                generation=_generation(data.get("generation", {})),
                 schema_version=version,
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -143,6 +147,16 @@ class Manifest:
                 raise BundleError(f"{where}: models.{role}.moe is {entry.moe!r}, expected one "
                                   f"of {list(contract.MOES)}. {_HINT}")
         return manifest
+
+
+def _generation(data: Any) -> dict[str, Any]:
+    """The recorded generation defaults, checked: unknown keys or non-numbers are malformed."""
+    kinds = {"do_sample": (bool,), "temperature": (int, float), "top_k": (int,),
+             "top_p": (int, float), "repetition_penalty": (int, float)}
+    if not isinstance(data, dict) or any(key not in kinds or not isinstance(value, kinds[key])
+                                         for key, value in data.items()):
+        raise ValueError(f"generation: {data!r}")
+    return dict(data)
 
 
 def manifest_json(manifest: Manifest) -> str:

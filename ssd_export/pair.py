@@ -63,6 +63,29 @@ def eos_ids(model: Any, tokenizer: Any) -> list[int]:
     return sorted({int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])})
 
 
+# what the runtime applies by default, as generate() would; and what it cannot apply
+DEFAULT_FIELDS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty")
+UNAPPLIED = {"num_beams": 1, "min_p": None, "typical_p": 1.0, "no_repeat_ngram_size": 0,
+             "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "top_h": None, "bad_words_ids": None,
+             "sequence_bias": None, "suppress_tokens": None, "begin_suppress_tokens": None,
+             "min_length": 0, "min_new_tokens": None, "encoder_repetition_penalty": 1.0,
+             "exponential_decay_length_penalty": None, "guidance_scale": None,
+             "forced_bos_token_id": None, "forced_eos_token_id": None}
+
+
+def generation_defaults(model: Any) -> tuple[dict[str, Any], list[str]]:
+    """The decoding settings the model's generation_config sets explicitly (the runtime's
+    defaults, as vLLM takes them), and the ones it sets that the runtime does not apply."""
+    config = model.generation_config
+    explicit = config.to_diff_dict()
+    kinds = {"do_sample": bool, "top_k": int}
+    defaults = {name: kinds.get(name, float)(explicit[name]) for name in DEFAULT_FIELDS
+                if explicit.get(name) is not None}
+    unapplied = [f"{name}={explicit[name]!r}" for name, off in UNAPPLIED.items()
+                 if explicit.get(name) not in (None, off)]
+    return defaults, unapplied
+
+
 def _find(seq: list[int], sub: list[int]) -> int:
     for i in range(len(seq) - len(sub) + 1):
         if seq[i:i + len(sub)] == sub:

@@ -22,7 +22,7 @@ from .bundle import check_output, finish_manifest, staging
 from .config import DEFAULT_MAX_CONTEXT, ExportConfig
 from .engines import export_engines, require_tensorrt
 from .loading import LoadedModel, check_architecture, load_model
-from .pair import added_ids, check_vocabularies, eos_ids
+from .pair import added_ids, check_vocabularies, eos_ids, generation_defaults
 from .parity import check_parity
 from .quantize import BITS, check_request, quantize_draft
 
@@ -56,6 +56,10 @@ def export_bundle(config: ExportConfig) -> Manifest:
         check_vocabularies(target.tokenizer, draft.tokenizer)
         max_context = _max_context(config, target, draft)
         prefix, suffix = added_ids(target.tokenizer)
+        generation, unapplied = generation_defaults(target.model)
+        if unapplied:
+            log.print(f"    note: the target's generation_config sets {', '.join(unapplied)}, "
+                      f"which the runtime does not apply (its defaults: {generation or 'greedy'})")
     with staging(config.output, config.force) as root:
         traced, parity = {}, {}
         for loaded in (target, draft):
@@ -80,7 +84,7 @@ def export_bundle(config: ExportConfig) -> Manifest:
                 bos_token_id=target.tokenizer.bos_token_id,
                 pad_token_id=target.tokenizer.pad_token_id,
                 chat_template=getattr(target.tokenizer, "chat_template", None)),
-            heads=heads, build=_build_info(config),
+            heads=heads, build=_build_info(config), generation=generation,
         )
         engines = export_engines(root, manifest, config.engines, config.engine_precision, log,
                                  config.output)

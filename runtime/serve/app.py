@@ -48,7 +48,8 @@ class Server:
         self.created = int(time.time())
 
     def sampling(self, req: CompletionRequest | ChatCompletionRequest, default: int) -> Sampling:
-        return sampling(req, self.model, self.max_tokens_limit, default)
+        return sampling(req, self.model, self.max_tokens_limit, default,
+                        self.generator.defaults(openai=True))
 
     def prompt_ids(self, prompt: str | list[int], param: str) -> list[int]:
         ids = self.generator.encode(prompt) if isinstance(prompt, str) else list(prompt)

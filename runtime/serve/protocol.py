@@ -72,9 +72,9 @@ class _Request(BaseModel):
 
     model: str
     max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0                            # extension: 0 turns it off
+    temperature: float | None = None          # None: the model's default, else 1 (OpenAI)
+    top_p: float | None = None                # None: the model's default, else 1
+    top_k: int | None = None                  # extension: 0 turns it off
     presence_penalty: float | None = None     # None: 0 (the API lets clients send null)
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None   # extension (as vLLM): Hugging Face's; None: 1
@@ -152,8 +152,11 @@ def parse_request(raw: bytes, kind: type[_Req]) -> _Req:
 
 
 def sampling(req: CompletionRequest | ChatCompletionRequest, served_name: str,
-             max_tokens_limit: int, default_max_tokens: int) -> Sampling:
-    """Check the model name, limits and ranges; unsupported OpenAI fields must keep defaults."""
+             max_tokens_limit: int, default_max_tokens: int,
+             defaults: dict[str, float]) -> Sampling:
+    """Check the model name, limits and ranges; unsupported OpenAI fields must keep defaults.
+    `defaults` (Generator.defaults(openai=True)) fill temperature, top_p, top_k and
+    repetition_penalty when a request leaves them out: the model's, as vLLM takes them."""
     if req.model != served_name:
         raise ApiError(404, f"the model {req.model!r} does not exist; this server serves "
                             f"{served_name!r} (see GET /v1/models).", "model", "model_not_found")
@@ -165,18 +168,22 @@ def sampling(req: CompletionRequest | ChatCompletionRequest, served_name: str,
     if not 1 <= max_tokens <= max_tokens_limit:
         raise ApiError(400, f"{name}={max_tokens} is outside [1, {max_tokens_limit}], this "
                             f"server's limit (ssd-serve --max-tokens-limit).", name)
-    if not 0 <= req.temperature <= 2:
-        raise ApiError(400, f"temperature={req.temperature} must be in [0, 2] (0 is greedy).",
+    temperature, top_p, top_k = (defaults[name] if getattr(req, name) is None
+                                 else getattr(req, name) for name in ("temperature", "top_p",
+                                                                      "top_k"))
+    if not 0 <= temperature <= 2:
+        raise ApiError(400, f"temperature={temperature} must be in [0, 2] (0 is greedy).",
                        "temperature")
-    if not 0 < req.top_p <= 1:
-        raise ApiError(400, f"top_p={req.top_p} must be in (0, 1] (1 turns it off).", "top_p")
-    if req.top_k < 0:
-        raise ApiError(400, f"top_k={req.top_k} must be >= 0 (0 turns it off).", "top_k")
+    if not 0 < top_p <= 1:
+        raise ApiError(400, f"top_p={top_p} must be in (0, 1] (1 turns it off).", "top_p")
+    if top_k < 0:
+        raise ApiError(400, f"top_k={top_k} must be >= 0 (0 turns it off).", "top_k")
     if req.seed is not None and req.seed < 0:
         raise ApiError(400, f"seed={req.seed} must be a non-negative integer.", "seed")
     penalties = {"presence_penalty": _or(req.presence_penalty, 0.0),
                  "frequency_penalty": _or(req.frequency_penalty, 0.0),
-                 "repetition_penalty": _or(req.repetition_penalty, 1.0)}
+                 "repetition_penalty": _or(req.repetition_penalty,
+                                           defaults["repetition_penalty"])}
     for name in ("presence_penalty", "frequency_penalty"):
         if not -2 <= penalties[name] <= 2:
             raise ApiError(400, f"{name}={penalties[name]} must be in [-2, 2] (0 turns it "
@@ -192,7 +199,7 @@ def sampling(req: CompletionRequest | ChatCompletionRequest, served_name: str,
     if stop is not None and len(stop) > MAX_STOPS:
         raise ApiError(400, f"stop has {len(stop)} strings; at most {MAX_STOPS} are allowed.",
                        "stop")
-    return Sampling(max_tokens, float(req.temperature), float(req.top_p), req.top_k, req.seed,
+    return Sampling(max_tokens, float(temperature), float(top_p), int(top_k), req.seed,
                     stop, penalties)           # empty strings: TextStream ignores them
 
 
