@@ -23,7 +23,7 @@ class Rule:
         if self.processors is not None:
             self.processors.commit(tokens)
 
-    def _penalised(self, row: np.ndarray, pending: list[int]) -> np.ndarray:
+    def _processed(self, row: np.ndarray, pending: list[int]) -> np.ndarray:
         return row if self.processors is None else self.processors.apply(row, pending)
 
 
@@ -74,7 +74,7 @@ class SamplingAcceptance(Rule):
                    top: tuple[int, float] | None = None, pending: list[int] = ()
                    ) -> tuple[int, np.ndarray]:
         """Sample the draft token for `position` from q (the last row's distribution)."""
-        q = probabilities(self._penalised(logits[-1], pending), self.params)   # (vocab_draft,)
+        q = probabilities(self._processed(logits[-1], pending), self.params)   # (vocab_draft,)
         return sample(q, position_uniform(self.draft_key, position)), q
 
     def verify(self, target_logits: np.ndarray, drafts: list[int],
@@ -88,7 +88,7 @@ class SamplingAcceptance(Rule):
                accept_u: np.ndarray, final_u: float) -> tuple[int, int]:
         """The rule itself, from given uniforms (so fused heads can be checked against it)."""
         for j, (x, q) in enumerate(zip(drafts, draft_probs)):
-            p = probabilities(self._penalised(target_logits[j], drafts[:j]), self.params)
+            p = probabilities(self._processed(target_logits[j], drafts[:j]), self.params)
             q = _fit(q, len(p))
             if x < len(p) and accept_u[j] * q[x] < p[x]:   # u < p(x)/q(x), without dividing
                 continue
@@ -96,7 +96,7 @@ class SamplingAcceptance(Rule):
             if residual.sum() <= 0:                     # p == q: rejection has probability 0
                 residual = p
             return j, sample(residual, final_u)
-        p = probabilities(self._penalised(target_logits[len(drafts)], drafts), self.params)
+        p = probabilities(self._processed(target_logits[len(drafts)], drafts), self.params)
         return len(drafts), sample(p, final_u)
 
 

@@ -42,7 +42,7 @@ class SequentialDrafter:
     def _draft(self, feed: list[int], k: int, keep_going, stop: threading.Event | None = None,
                unjudged: tuple[int, ...] = ()):
         """Up to k draft tokens after `feed`; `unjudged`: tokens drafted before `feed` and not
-        yet verified (a bet's round), which the rule's penalties count."""
+        yet verified (a bet's round), which the rule's logits processors count."""
         drafts, probs = [], []
         for _ in range(k):
             if stop is not None and stop.is_set():
