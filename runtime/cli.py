@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--frequency-penalty", type=float, default=0.0,
                    help="OpenAI's: minus this per time a token is in the output (0 = off)")
     p.add_argument("--min-new-tokens", type=int, default=0, help="no EOS before this many")
+    p.add_argument("--ignore-eos", action="store_true", help="generate on past EOS")
     p.add_argument("--stop", action="append", default=None, metavar="TEXT",
                    help="stop when this text appears (repeatable); it is not printed")
     p.add_argument("--mode", choices=("sequential", "split"), default="sequential",
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
                    mode=args.mode, repetition_penalty=args.repetition_penalty,
                    presence_penalty=args.presence_penalty,
                    frequency_penalty=args.frequency_penalty,
-                   min_new_tokens=args.min_new_tokens)
+                   min_new_tokens=args.min_new_tokens, ignore_eos=args.ignore_eos)
     if args.json:
         res = gen.generate(args.prompt, **options)
         print(json.dumps({"text": res.text, "token_ids": res.token_ids,

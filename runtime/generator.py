@@ -71,13 +71,13 @@ class Generator:
                  stop: Sequence[str] | None = None, mode: Mode = "sequential",
                  repetition_penalty: float | None = None,
                  presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-                 logit_bias: dict[int, float] | None = None, min_new_tokens: int = 0
-                 ) -> GenerationResult:
+                 logit_bias: dict[int, float] | None = None, min_new_tokens: int = 0,
+                 ignore_eos: bool = False) -> GenerationResult:
         for _ in self.stream(prompt, max_new_tokens, k, temperature, top_k, top_p, seed, stop,
                              mode, repetition_penalty=repetition_penalty,
                              presence_penalty=presence_penalty,
                              frequency_penalty=frequency_penalty, logit_bias=logit_bias,
-                             min_new_tokens=min_new_tokens):
+                             min_new_tokens=min_new_tokens, ignore_eos=ignore_eos):
             pass
         assert self.last_result is not None
         return self.last_result
@@ -89,11 +89,12 @@ class Generator:
                stop: Sequence[str] | None = None, mode: Mode = "sequential",
                repetition_penalty: float | None = None,
                presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-               logit_bias: dict[int, float] | None = None, min_new_tokens: int = 0
-               ) -> Iterator[str]:
+               logit_bias: dict[int, float] | None = None, min_new_tokens: int = 0,
+               ignore_eos: bool = False) -> Iterator[str]:
         """Yield text pieces as tokens are accepted; `last_result` holds the whole result.
-        Unset temperature, top_k, top_p and repetition_penalty take `defaults()`. Bad settings
-        raise ConfigError here, before the first piece."""
+        Unset temperature, top_k, top_p and repetition_penalty take `defaults()`; `ignore_eos`
+        generates on past EOS (benchmarks of a fixed length). Bad settings raise ConfigError
+        here, before the first piece."""
         if logit_bias is not None and not isinstance(logit_bias, dict):
             raise ConfigError(f"logit_bias must be a dict {{token id: bias}}, not "
                               f"{type(logit_bias).__name__}.")
@@ -116,7 +117,8 @@ class Generator:
                               f"vocabulary [0, {vocab}).")
         rule = make_rule(params, self.heads, ids, max(vocab, self.manifest.draft.vocab_size),
                          self.eos_ids)
-        return self._pieces(ids, params, rule, max_new_tokens, k, stop, mode)
+        eos = set() if ignore_eos else self.eos_ids
+        return self._pieces(ids, rule, eos, max_new_tokens, k, stop, mode, params.greedy)
 
     def defaults(self, openai: bool = False) -> dict[str, float]:
         """What an unset temperature, top_k, top_p or repetition_penalty means: the value the
@@ -130,15 +132,16 @@ class Generator:
                 "top_p": g.get("top_p", 1.0) if sample else 1.0,
                 "repetition_penalty": g.get("repetition_penalty", 1.0)}
 
-    def _pieces(self, ids: list[int], params: SamplingParams, rule, max_new_tokens: int,
-                k: int | str, stop: Sequence[str] | None, mode: Mode) -> Iterator[str]:
+    def _pieces(self, ids: list[int], rule, eos_ids: set[int], max_new_tokens: int,
+                k: int | str, stop: Sequence[str] | None, mode: Mode,
+                greedy: bool) -> Iterator[str]:
         stats = Stats(backend=self.backend, k=k, prompt_tokens=len(ids), mode=mode,
                       threads=f"{self.target.threads}:{self.draft.threads}")
         text = TextStream(self.codec, list(stop or []))
-        kind = "greedy" if params.greedy else "sampled"
+        kind = "greedy" if greedy else "sampled"
         schedule = self._adaptive(kind, mode) if k == "auto" else FixedK(k)
         drafter = DRAFTERS[mode](self.draft, rule, schedule)
-        rounds = decode(self.target, drafter, rule, ids, max_new_tokens, schedule, self.eos_ids,
+        rounds = decode(self.target, drafter, rule, ids, max_new_tokens, schedule, eos_ids,
                         stats)
         try:
             for new in rounds:

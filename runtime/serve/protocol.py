@@ -37,7 +37,7 @@ FIELD_SHAPES = {
     "presence_penalty": "a number in [-2, 2]", "frequency_penalty": "a number in [-2, 2]",
     "repetition_penalty": "a number > 0 (1 turns it off)",
     "logit_bias": "an object mapping token ids (as strings) to numbers in [-100, 100]",
-    "min_tokens": "an integer >= 0",
+    "min_tokens": "an integer >= 0", "ignore_eos": "true or false",
     "stream": "true or false", "model": "a string naming the served model",
 }
 
@@ -80,6 +80,7 @@ class _Request(BaseModel):
     repetition_penalty: float | None = None   # extension (as vLLM): Hugging Face's; None: 1
     logit_bias: dict[str, float] | None = None
     min_tokens: int = 0                       # extension (as vLLM): no EOS before this many
+    ignore_eos: bool = False                  # extension (as vLLM): generate on past EOS
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
@@ -129,7 +130,7 @@ class Sampling:
     top_k: int
     seed: int | None
     stop: list[str] | None
-    penalties: dict[str, Any]                 # penalties, logit_bias, min_new_tokens
+    penalties: dict[str, Any]                 # penalties, logit_bias, min_new_tokens, ignore_eos
 
     def options(self, k: int) -> dict[str, Any]:
         return dict(max_new_tokens=self.max_tokens, k=k, temperature=self.temperature,
@@ -195,6 +196,7 @@ def sampling(req: CompletionRequest | ChatCompletionRequest, served_name: str,
     if req.min_tokens < 0:
         raise ApiError(400, f"min_tokens={req.min_tokens} must be >= 0.", "min_tokens")
     penalties["min_new_tokens"] = req.min_tokens
+    penalties["ignore_eos"] = req.ignore_eos
     stop = [req.stop] if isinstance(req.stop, str) else req.stop
     if stop is not None and len(stop) > MAX_STOPS:
         raise ApiError(400, f"stop has {len(stop)} strings; at most {MAX_STOPS} are allowed.",

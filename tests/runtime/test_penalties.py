@@ -81,6 +81,15 @@ def test_logit_bias_and_min_new_tokens_equal_hugging_face(pair):
             assert res.token_ids == hf and res.stop_reason == "eos", (k, mode)
 
 
+def test_ignore_eos_generates_past_eos(pair):
+    gen, _ = pair
+    runs = [gen.generate(PROMPT, max_new_tokens=20, k=k, logit_bias={1: 100.0},
+                         ignore_eos=True) for k in (0, 4)]
+    assert runs[0].token_ids == runs[1].token_ids and len(runs[0].token_ids) == 20
+    assert runs[0].token_ids.count(1) > 1 and runs[0].stop_reason == "length"
+    assert gen.generate(PROMPT, max_new_tokens=20, logit_bias={1: 100.0}).token_ids == [1]
+
+
 def test_pending_tokens_count_as_emitted():
     """apply(row, pending) is apply after committing `pending`; the commit itself is kept."""
     rng = np.random.default_rng(0)

@@ -91,7 +91,7 @@ PENALTIES = dict(presence_penalty=0.6, frequency_penalty=0.4, repetition_penalty
                                                         (0.8, 7, PENALTIES)])
 def test_completion_equals_generator(client, gen, temperature, seed, penalties):
     extra = {"repetition_penalty": penalties["repetition_penalty"],
-             "min_tokens": penalties["min_new_tokens"]} if penalties else {}
+             "min_tokens": penalties["min_new_tokens"], "ignore_eos": True} if penalties else {}
     res = client.completions.create(
         model=MODEL, prompt=PROMPT, max_tokens=40, temperature=temperature, seed=seed,
         presence_penalty=penalties.get("presence_penalty"),
@@ -99,7 +99,7 @@ def test_completion_equals_generator(client, gen, temperature, seed, penalties):
         logit_bias={str(t): b for t, b in penalties.get("logit_bias", {}).items()} or None,
         extra_body=extra)
     ref = gen.generate(PROMPT, max_new_tokens=40, k=4, temperature=temperature, seed=seed,
-                       **penalties)
+                       **penalties, ignore_eos=bool(penalties))
     choice = res.choices[0]
     assert choice.text == ref.text
     assert choice.finish_reason == {"eos": "stop", "length": "length"}[ref.stop_reason]
