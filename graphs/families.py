@@ -175,3 +175,26 @@ DENSE = {
     "GPTJForCausalLM": _gptj,
     "CohereForCausalLM": _cohere,
 }
+
+
+# --- legacy and misc ---
+
+def _helium(config: Any) -> Adapter:
+    # Llama with interleaved RoPE (pairs 2j, 2j+1)
+    return Adapter(rope_interleaved=True)
+
+
+def _apertus(config: Any) -> Adapter:
+    # per-head q/k RMSNorms, its own norm names; the MLP (xIELU, no gate) is Hugging Face's
+    return Adapter(input_norm="attention_layernorm", mlp_norm="feedforward_layernorm",
+                   q_norm="q_norm", k_norm="k_norm")
+
+
+DENSE.update({
+    # Llama layouts whose norms and MLPs (LayerNorm1P, relu² without a gate) are their own
+    # Hugging Face modules, reused as they are; partial rotary comes from the rotary module
+    "NemotronForCausalLM": _llama,
+    "ArceeForCausalLM": _llama,
+    "HeliumForCausalLM": _helium,
+    "ApertusForCausalLM": _apertus,
+})

@@ -66,6 +66,8 @@ def models(tmp_path_factory) -> dict[str, Path]:
                                        new_decoder_architecture=True, num_kv_heads=2)
     for seed, kind in enumerate(NEWER + MOE, start=15):
         m[kind] = tiny.build_model(root / kind, kind, tok, seed=seed)
+    for seed, kind in enumerate(tiny.LEGACY, start=40):
+        m[kind] = tiny.build_model(root / kind, kind, tok, seed=seed)
     for name in ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2",
                  "gpt_neox", "opt", "falcon", "falcon_alibi", *NEWER, *MOE):
         m[f"{name}_cut"] = tiny.truncate(m[name], root / f"{name}_cut", 1, tok)

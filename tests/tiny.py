@@ -43,6 +43,8 @@ FALCON_ALIBI = dict(alibi=True, multi_query=False, parallel_attn=False, num_atte
 KINDS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2", "gpt_neox", "opt",
          "falcon", "gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm",
          "gpt_bigcode", "gptj", "cohere", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
+LEGACY = ("nemotron", "arcee", "helium", "apertus")
+KINDS += LEGACY
 # mixture of experts: 4 experts of 32, 2 per token
 MOE = dict(num_experts_per_tok=2)
 
@@ -108,6 +110,13 @@ def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra
         "mixtral": ("MixtralConfig", {**llama_like, **MOE, "num_local_experts": 4,
                                       "intermediate_size": 32}),
         "olmoe": ("OlmoeConfig", {**llama_like, **MOE, "num_experts": 4, "intermediate_size": 32}),
+        # legacy and misc: partial rotary with a LayerNorm1P and relu² MLP (Nemotron)
+        "nemotron": ("NemotronConfig", {**llama_like, "partial_rotary_factor": 0.5}),
+        "arcee": ("ArceeConfig", llama_like),
+        "helium": ("HeliumConfig", {**llama_like, "head_dim": hidden // 4}),
+        "apertus": ("ApertusConfig", {**llama_like, "rope_parameters": {  # its default: llama3
+            "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
     }
     if kind not in table:
         raise ValueError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")

@@ -25,6 +25,9 @@ CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
          "gptj": "GPTJForCausalLM", "cohere": "CohereForCausalLM",
          "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
          "mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM"}
+# legacy and misc
+CASES.update({"nemotron": "NemotronForCausalLM", "arcee": "ArceeForCausalLM",
+              "helium": "HeliumForCausalLM", "apertus": "ApertusForCausalLM"})
 
 _ROPE = {"rope_theta": 10000.0}
 # config variants built in memory: name -> (tiny kind, config overrides, max_context)
