@@ -67,7 +67,9 @@ class Adapter:
     pos_embed: str | None = None          # learned: embedding table read at position_ids + offset
     pos_offset: int = 0
     # --- a layer ----------------------------------------------------------------------
-    attn: str = "self_attn"
+    attn: str = "self_attn"               # a path: GPT-Neo's is "attn.attention"
+    windows: tuple[int | None, ...] | None = None  # per layer attention window (None: full);
+                                          # None: from the config (sliding_windows)
     input_norm: str | None = "input_layernorm"  # before attention (after the residual add if
                                           # "post"); None: none (OLMo 2 norms outputs instead)
     attn_out_norm: str | None = None      # on the attention output, before the residual add
@@ -91,7 +93,7 @@ class Adapter:
                                           # (StableLM's per-head module list), or the whole
                                           # projection (B, T, n·D) (OLMo 2)
     head_dim: str = "head_dim"            # attribute names on the attention module
-    scaling: str = "scaling"
+    scaling: str | None = "scaling"       # None: q·k unscaled (GPT-Neo)
     num_kv_heads: int | None = None       # None: config.num_key_value_heads, else all heads
     attn_softcap: float | None = None     # scores = cap * tanh(scores / cap)
     logit_softcap: float | None = None

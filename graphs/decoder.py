@@ -40,12 +40,13 @@ class Decoder(nn.Module):
         self.lm_head = get_path(model, a.lm_head)
         # one Rope per distinct table; layer i uses ropes[rope_keys[i]] (None: no RoPE there)
         self.ropes, self.rope_keys = _ropes(model, a, len(self.layers))
-        attn = [getattr(layer, a.attn) for layer in self.layers]
+        attn = [get_path(layer, a.attn) for layer in self.layers]
         num_heads = config.num_attention_heads
         num_kv_heads = a.num_kv_heads or getattr(config, "num_key_value_heads", None) or num_heads
         self.heads = Heads(num_heads, num_kv_heads, int(getattr(attn[0], a.head_dim)))
-        self.scalings = [float(getattr(m, a.scaling)) for m in attn]   # GPT-2 may scale per layer
-        self.windows = sliding_windows(config)
+        # GPT-2 may scale per layer; GPT-Neo does not scale
+        self.scalings = [1.0 if a.scaling is None else float(getattr(m, a.scaling)) for m in attn]
+        self.windows = a.windows or sliding_windows(config)
         self._init_moe(source)
         if flavour == contract.ORT:
             self._init_ort(max_context)
@@ -153,7 +154,7 @@ class Decoder(nn.Module):
         # the projection and the kernel: no q/k norm or clip, RoPE in the kernel or none there
         direct = [a.q_norm is None and a.qkv_clip is None and (self.ort_rotary or key is None)
                   for key in self.rope_keys]
-        self.packed = nn.ModuleList(_packed_qkv(getattr(layer, a.attn), a) if d else nn.Identity()
+        self.packed = nn.ModuleList(_packed_qkv(get_path(layer, a.attn), a) if d else nn.Identity()
                                     for layer, d in zip(self.layers, direct))
 
     def _forward_ort(self, x: torch.Tensor, position_ids: torch.Tensor, caches) -> tuple:
@@ -195,7 +196,7 @@ class Decoder(nn.Module):
         norm = _module(layer, a.input_norm)
         mlp_norm = getattr(layer, a.mlp_norm) if a.mlp_norm is not None else None
         h = x if post else norm(x)
-        attn_out, new_k, new_v = attention(getattr(layer, a.attn), a, self.heads, scaling, h,
+        attn_out, new_k, new_v = attention(get_path(layer, a.attn), a, self.heads, scaling, h,
                                            rope, cos_sin, past_k, past_v, bias, ort)
         if a.attn_out_norm is not None:
             attn_out = getattr(layer, a.attn_out_norm)(attn_out)

@@ -190,6 +190,17 @@ def _apertus(config: Any) -> Adapter:
                    q_norm="q_norm", k_norm="k_norm")
 
 
+def _gpt_neo(config: Any) -> Adapter:
+    # GPT-2 layout with separate q, k, v one module deeper; global and local (window_size)
+    # layers alternate; q·k unscaled, in float32 as Hugging Face computes it
+    types = config.attention_layers[:config.num_layers]
+    return Adapter(embed="transformer.wte", layers="transformer.h", final_norm="transformer.ln_f",
+                   positions="learned", pos_embed="transformer.wpe", attn="attn.attention",
+                   windows=tuple(config.window_size if t == "local" else None for t in types),
+                   input_norm="ln_1", mlp_norm="ln_2", o="out_proj", scaling=None,
+                   num_kv_heads=config.num_heads, scores_fp32=True)
+
+
 DENSE.update({
     # Llama layouts whose norms and MLPs (LayerNorm1P, relu² without a gate) are their own
     # Hugging Face modules, reused as they are; partial rotary comes from the rotary module
@@ -197,4 +208,5 @@ DENSE.update({
     "ArceeForCausalLM": _llama,
     "HeliumForCausalLM": _helium,
     "ApertusForCausalLM": _apertus,
+    "GPTNeoForCausalLM": _gpt_neo,
 })

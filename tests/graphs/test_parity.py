@@ -27,7 +27,8 @@ CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
          "mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM"}
 # legacy and misc
 CASES.update({"nemotron": "NemotronForCausalLM", "arcee": "ArceeForCausalLM",
-              "helium": "HeliumForCausalLM", "apertus": "ApertusForCausalLM"})
+              "helium": "HeliumForCausalLM", "apertus": "ApertusForCausalLM",
+              "gpt_neo": "GPTNeoForCausalLM"})
 
 _ROPE = {"rope_theta": 10000.0}
 # config variants built in memory: name -> (tiny kind, config overrides, max_context)
@@ -253,6 +254,8 @@ def test_sliding_window_is_exercised(models):
 
     for name in ("mistral", "gemma2", "gemma3", "starcoder2"):
         assert AutoConfig.from_pretrained(models[name]).sliding_window < 24
+    gpt_neo = AutoConfig.from_pretrained(models["gpt_neo"])        # a global and a local layer
+    assert gpt_neo.window_size < 24 and set(gpt_neo.attention_layers) == {"global", "local"}
 
 
 def test_per_layer_rope_is_exercised(models):
