@@ -54,6 +54,7 @@ class Adapter:
     layers: str = "model.layers"
     final_norm: str | None = "model.norm"
     lm_head: str = "lm_head"              # tied or not: whatever module Hugging Face calls
+    embed_norm: str | None = None         # a norm on the embedding output (BLOOM's)
     project_in: str | None = None         # after the embedding (OPT's word_embed_proj_dim)
     project_out: str | None = None        # before the LM head
     positions: Positions = "rope"
@@ -66,6 +67,11 @@ class Adapter:
     rope_interleaved: bool = False        # rotate pairs (2j, 2j+1), not (j, j + R/2)
     pos_embed: str | None = None          # learned: embedding table read at position_ids + offset
     pos_offset: int = 0
+    alibi_scaled: bool = True             # alibi: the bias times the q·k scale (Falcon), or
+                                          # added as it is (BLOOM)
+    alibi_dtype: Literal["bfloat16", "model"] = "bfloat16"  # rounding: slopes, positions and
+                                          # bias to bfloat16 (Falcon), or the float32 bias
+                                          # to the model's dtype (BLOOM)
     # --- a layer ----------------------------------------------------------------------
     attn: str = "self_attn"               # a path: GPT-Neo's is "attn.attention"
     windows: tuple[int | None, ...] | None = None  # per layer attention window (None: full);
@@ -75,7 +81,7 @@ class Adapter:
     attn_out_norm: str | None = None      # on the attention output, before the residual add
     mlp_norm: str | None = "post_attention_layernorm"  # None: the MLP reads input_norm's output
                                           # (parallel) or the residual stream (sequential)
-    mlp: tuple[str, ...] = ("mlp",)       # modules applied in turn
+    mlp: tuple[str, ...] = ("mlp",)       # modules applied in turn (paths: "mlp.fc1")
     mlp_out_norm: str | None = None       # on the MLP output, before the residual add
     residual: Literal["sequential", "parallel"] = "sequential"  # parallel: x + attn(.) + mlp(.)
     norm_position: Literal["pre", "post"] = "pre"

@@ -32,6 +32,7 @@ class Decoder(nn.Module):
         config = model.config
         a = self.adapter = adapter
         self.embed = get_path(model, a.embed)
+        self.embed_norm = get_path(model, a.embed_norm)
         self.project_in = get_path(model, a.project_in)
         self.pos_embed = get_path(model, a.pos_embed) if a.positions == "learned" else None
         self.layers = nn.ModuleList(get_path(model, a.layers))
@@ -51,7 +52,8 @@ class Decoder(nn.Module):
         if flavour == contract.ORT:
             self._init_ort(max_context)
         if a.positions == "alibi":
-            slopes = alibi_slopes(num_heads).view(num_kv_heads, self.heads.groups)  # (Hkv, G)
+            slopes = alibi_slopes(num_heads, a.alibi_dtype == "bfloat16")
+            slopes = slopes.view(num_kv_heads, self.heads.groups)              # (Hkv, G)
             self.register_buffer("alibi_slopes", slopes, persistent=False)
 
     # KV shapes of the graph contract, read by trace.py
@@ -69,6 +71,8 @@ class Decoder(nn.Module):
         x = self.embed(input_ids)                                   # (B, T, E)
         if a.embed_scale != 1.0:
             x = x * a.embed_scale
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
         if self.project_in is not None:
             x = self.project_in(x)                                  # (B, T, H)
         if self.pos_embed is not None:                              # learned absolute positions
@@ -79,12 +83,15 @@ class Decoder(nn.Module):
         past_len = past[0].shape[1]
         key_pos = torch.arange(past_len + input_ids.shape[1], device=input_ids.device)  # (S,)
         masks = {w: causal_mask(position_ids, key_pos, w) for w in set(self.windows)}  # (B,1,1,T,S)
-        alibi = alibi_bias(self.alibi_slopes, key_pos) if a.positions == "alibi" else None
+        alibi = None
+        if a.positions == "alibi":                                  # (1, Hkv, G, 1, S)
+            alibi = alibi_bias(self.alibi_slopes, key_pos,
+                               torch.bfloat16 if a.alibi_dtype == "bfloat16" else x.dtype)
         outputs: list[torch.Tensor] = []
         for i in range(len(self.layers)):
             bias = masks[self.windows[i]]
             if alibi is not None:                                   # Falcon scales it like q·k
-                bias = bias + alibi * self.scalings[i]              # (B, Hkv, G, T, S)
+                bias = bias + (alibi * self.scalings[i] if a.alibi_scaled else alibi)
             x, new_k, new_v = self._layer(i, x, self._rope(i), tables.get(self.rope_keys[i]),
                                           past[2 * i], past[2 * i + 1], self.scalings[i], bias)
             outputs += [new_k, new_v]
@@ -219,7 +226,7 @@ class Decoder(nn.Module):
             h = moe(getattr(layer, a.moe.block), a.moe, h, fc1)
         else:
             for name in a.mlp:
-                h = getattr(layer, name)(h)
+                h = get_path(layer, name)(h)
         if self.adapter.mlp_out_norm is not None:
             h = getattr(layer, self.adapter.mlp_out_norm)(h)
         return h

@@ -201,6 +201,23 @@ def _gpt_neo(config: Any) -> Adapter:
                    num_kv_heads=config.num_heads, scores_fp32=True)
 
 
+def _bloom(config: Any) -> Adapter:
+    # ALiBi added unscaled (a float32 bias rounded to the model's dtype), a LayerNorm on the
+    # embeddings, per head [q, k, v]; its MLP module adds the residual itself, so the decoder
+    # calls the MLP's parts
+    if config.apply_residual_connection_post_layernorm:
+        raise ConfigError("BLOOM with apply_residual_connection_post_layernorm=True (residuals "
+                          "taken after the norms) is not supported; no released BLOOM "
+                          "checkpoint sets it. ---> HINT: check the checkpoint's config.json.")
+    return Adapter(embed="transformer.word_embeddings",
+                   embed_norm="transformer.word_embeddings_layernorm", layers="transformer.h",
+                   final_norm="transformer.ln_f", positions="alibi", alibi_scaled=False,
+                   alibi_dtype="model", attn="self_attention", qkv="query_key_value",
+                   qkv_layout="grouped", o="dense", scaling="inv_norm_factor",
+                   mlp=("mlp.dense_h_to_4h", "mlp.gelu_impl", "mlp.dense_4h_to_h"),
+                   num_kv_heads=config.n_head)
+
+
 DENSE.update({
     # Llama layouts whose norms and MLPs (LayerNorm1P, relu² without a gate) are their own
     # Hugging Face modules, reused as they are; partial rotary comes from the rotary module
@@ -209,4 +226,5 @@ DENSE.update({
     "HeliumForCausalLM": _helium,
     "ApertusForCausalLM": _apertus,
     "GPTNeoForCausalLM": _gpt_neo,
+    "BloomForCausalLM": _bloom,
 })

@@ -28,7 +28,7 @@ CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
 # legacy and misc
 CASES.update({"nemotron": "NemotronForCausalLM", "arcee": "ArceeForCausalLM",
               "helium": "HeliumForCausalLM", "apertus": "ApertusForCausalLM",
-              "gpt_neo": "GPTNeoForCausalLM"})
+              "gpt_neo": "GPTNeoForCausalLM", "bloom": "BloomForCausalLM"})
 
 _ROPE = {"rope_theta": 10000.0}
 # config variants built in memory: name -> (tiny kind, config overrides, max_context)
@@ -117,7 +117,7 @@ def exported_ort(exported, tmp_path_factory):
             for name, (model, _, max_context) in exported.items() if name not in NO_ORT}
 
 
-NO_ORT = {"falcon_alibi"}       # ALiBi: GroupQueryAttention takes no per-head slopes
+NO_ORT = {"falcon_alibi", "bloom"}      # ALiBi: GroupQueryAttention takes no per-head slopes
 
 
 @pytest.mark.parametrize("name", sorted({*CASES, *VARIANTS} - NO_ORT))
@@ -129,10 +129,11 @@ def test_ort_flavour_parity_with_hugging_face(exported, exported_ort, name):
     assert diffs["new_key"] < 1e-3 and diffs["new_value"] < 1e-3, diffs
 
 
-def test_ort_flavour_refuses_alibi_naming_the_fix(exported, tmp_path):
-    model, _, _ = exported["falcon_alibi"]
+@pytest.mark.parametrize("name", sorted(NO_ORT))
+def test_ort_flavour_refuses_alibi_naming_the_fix(exported, tmp_path, name):
+    model, _, _ = exported[name]
     with pytest.raises(ConfigError, match=r"no ALiBi.*--graph standard"):
-        export_decoder(model, "falcon_alibi", tmp_path / "model.onnx", 64, graph="ort")
+        export_decoder(model, name, tmp_path / "model.onnx", 64, graph="ort")
 
 
 def test_ort_flavour_refuses_a_head_size_not_a_multiple_of_8(tmp_path):
