@@ -69,9 +69,9 @@ class Adapter:
     pos_offset: int = 0
     alibi_scaled: bool = True             # alibi: the bias times the q·k scale (Falcon), or
                                           # added as it is (BLOOM)
-    alibi_dtype: Literal["bfloat16", "model"] = "bfloat16"  # rounding: slopes, positions and
-                                          # bias to bfloat16 (Falcon), or the float32 bias
-                                          # to the model's dtype (BLOOM)
+    alibi_dtype: Literal["bfloat16", "model", "float32"] = "bfloat16"  # rounding: slopes,
+                                          # positions and bias to bfloat16 (Falcon), the
+                                          # float32 bias to the model's dtype (BLOOM), none (MPT)
     # --- a layer ----------------------------------------------------------------------
     attn: str = "self_attn"               # a path: GPT-Neo's is "attn.attention"
     windows: tuple[int | None, ...] | None = None  # per layer attention window (None: full);

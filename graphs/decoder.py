@@ -85,8 +85,9 @@ class Decoder(nn.Module):
         masks = {w: causal_mask(position_ids, key_pos, w) for w in set(self.windows)}  # (B,1,1,T,S)
         alibi = None
         if a.positions == "alibi":                                  # (1, Hkv, G, 1, S)
-            alibi = alibi_bias(self.alibi_slopes, key_pos,
-                               torch.bfloat16 if a.alibi_dtype == "bfloat16" else x.dtype)
+            dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(a.alibi_dtype,
+                                                                              x.dtype)
+            alibi = alibi_bias(self.alibi_slopes, key_pos, dtype)
         outputs: list[torch.Tensor] = []
         for i in range(len(self.layers)):
             bias = masks[self.windows[i]]

@@ -218,6 +218,18 @@ def _bloom(config: Any) -> Adapter:
                    num_kv_heads=config.n_head)
 
 
+def _mpt(config: Any) -> Adapter:
+    # ALiBi added unscaled in float32 (Hugging Face builds the slopes with alibi_bias_max 8
+    # whatever the config says: the ALiBi paper's), [q | k | v] fused, clip_qkv; its MLP
+    # module adds the residual itself, so the decoder calls the MLP's parts
+    return Adapter(embed="transformer.wte", layers="transformer.blocks",
+                   final_norm="transformer.norm_f", positions="alibi", alibi_scaled=False,
+                   alibi_dtype="float32", attn="attn", input_norm="norm_1",
+                   mlp_norm="norm_2", mlp=("ffn.up_proj", "ffn.act", "ffn.down_proj"),
+                   qkv="Wqkv", qkv_layout="split", o="out_proj", scaling="softmax_scale",
+                   num_kv_heads=config.n_heads, qkv_clip=config.attn_config.clip_qkv)
+
+
 DENSE.update({
     # Llama layouts whose norms and MLPs (LayerNorm1P, relu² without a gate) are their own
     # Hugging Face modules, reused as they are; partial rotary comes from the rotary module
@@ -227,4 +239,5 @@ DENSE.update({
     "ApertusForCausalLM": _apertus,
     "GPTNeoForCausalLM": _gpt_neo,
     "BloomForCausalLM": _bloom,
+    "MptForCausalLM": _mpt,
 })

@@ -63,7 +63,11 @@ class Rope(nn.Module):
 
 
 def alibi_slopes(num_heads: int, bfloat16: bool = True) -> torch.Tensor:
-    """Per-head ALiBi slopes (H,), rounded to bfloat16 as Hugging Face's Falcon does if asked."""
+    """Per-head ALiBi slopes (H,), rounded to bfloat16 as Hugging Face's Falcon does if asked.
+
+    (MPT's formula, 2^(-8k/P) over the power of two P at or above H with the even k first,
+    gives these same slopes.)
+    """
     closest = 2 ** math.floor(math.log2(num_heads))
     base = torch.tensor(2 ** (-(2 ** -(math.log2(closest) - 3))), dtype=torch.float32)
     slopes = torch.pow(base, torch.arange(1, 1 + closest, dtype=torch.int32))
@@ -79,7 +83,9 @@ def alibi_bias(slopes: torch.Tensor, key_pos: torch.Tensor, dtype: torch.dtype) 
 
     The bias is computed in `dtype` as Hugging Face does: bfloat16 for Falcon (positions
     rounded to bfloat16, product rounded again), the model's dtype for BLOOM (a float32
-    product rounded once); the casts below reproduce that exactly in float32 arithmetic.
+    product rounded once), float32 for MPT; the casts below reproduce that exactly in
+    float32 arithmetic. (MPT's bias is slope·(key - last key): a constant per query away,
+    which softmax ignores.)
     """
     pos = key_pos.float()                                            # (S,)
     if dtype == torch.bfloat16:

@@ -28,7 +28,8 @@ CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
 # legacy and misc
 CASES.update({"nemotron": "NemotronForCausalLM", "arcee": "ArceeForCausalLM",
               "helium": "HeliumForCausalLM", "apertus": "ApertusForCausalLM",
-              "gpt_neo": "GPTNeoForCausalLM", "bloom": "BloomForCausalLM"})
+              "gpt_neo": "GPTNeoForCausalLM", "bloom": "BloomForCausalLM",
+              "mpt": "MptForCausalLM"})
 
 _ROPE = {"rope_theta": 10000.0}
 # config variants built in memory: name -> (tiny kind, config overrides, max_context)
@@ -71,6 +72,8 @@ VARIANTS = {
     "olmoe_clip_qkv": ("olmoe", {"clip_qkv": 1.0, "norm_topk_prob": True}, MAX_CONTEXT),
     # GELU experts: no ONNX Runtime MoE kernel for them, so dense in the ort flavour too
     "mixtral_gelu": ("mixtral", {"hidden_act": "gelu"}, MAX_CONTEXT),
+    "mpt_clip_qkv": ("mpt", {"attn_config": {"clip_qkv": 0.5, "softmax_scale": 0.2}},
+                     MAX_CONTEXT),
 }
 
 
@@ -117,7 +120,8 @@ def exported_ort(exported, tmp_path_factory):
             for name, (model, _, max_context) in exported.items() if name not in NO_ORT}
 
 
-NO_ORT = {"falcon_alibi", "bloom"}      # ALiBi: GroupQueryAttention takes no per-head slopes
+# ALiBi: GroupQueryAttention takes no per-head slopes
+NO_ORT = {"falcon_alibi", "bloom", "mpt", "mpt_clip_qkv"}
 
 
 @pytest.mark.parametrize("name", sorted({*CASES, *VARIANTS} - NO_ORT))
