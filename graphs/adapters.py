@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 
 Positions = Literal["rope", "learned", "alibi"]
-QkvLayout = Literal["split", "grouped"]
+QkvLayout = Literal["split", "grouped", "blocks_qvk"]
 QkNormOver = Literal["head", "heads_first", "projection"]
 
 
@@ -91,7 +91,10 @@ class Adapter:
     k: str = "k_proj"
     v: str = "v_proj"
     qkv: str | None = None                # one fused projection instead of q, k, v
-    qkv_layout: QkvLayout = "split"       # split: [q | k | v]; grouped: per KV head [q*G, k, v]
+    qkv_layout: QkvLayout = "split"       # split: [q | k | v]; grouped: per KV head [q*G, k, v];
+                                          # blocks_qvk: qkv_blocks blocks, each [q | v | k] of
+                                          # a slice of the heads (CodeGen's model-parallel one)
+    qkv_blocks: int = 1
     o: str = "o_proj"
     q_norm: str | None = None             # norms on q and k (Qwen 3, OLMo 2)
     k_norm: str | None = None

@@ -230,6 +230,16 @@ def _mpt(config: Any) -> Adapter:
                    num_kv_heads=config.n_heads, qkv_clip=config.attn_config.clip_qkv)
 
 
+def _codegen(config: Any) -> Adapter:
+    # GPT-J's layer (parallel residual on one norm, interleaved RoPE on rotary_dim dims from a
+    # base-10000 table, q·k in float32) with q, v, k fused in 4 model-parallel blocks
+    return Adapter(embed="transformer.wte", layers="transformer.h", final_norm="transformer.ln_f",
+                   rope_base=(10000.0, config.rotary_dim), rope_interleaved=True, attn="attn",
+                   input_norm="ln_1", mlp_norm=None, residual="parallel", qkv="qkv_proj",
+                   qkv_layout="blocks_qvk", qkv_blocks=4, o="out_proj",
+                   num_kv_heads=config.num_attention_heads, scores_fp32=True)
+
+
 DENSE.update({
     # Llama layouts whose norms and MLPs (LayerNorm1P, relu² without a gate) are their own
     # Hugging Face modules, reused as they are; partial rotary comes from the rotary module
@@ -240,4 +250,5 @@ DENSE.update({
     "GPTNeoForCausalLM": _gpt_neo,
     "BloomForCausalLM": _bloom,
     "MptForCausalLM": _mpt,
+    "CodeGenForCausalLM": _codegen,
 })

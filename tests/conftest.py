@@ -42,7 +42,7 @@ NEWER = ("gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm
 # mixture-of-experts families
 MOE = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
 # legacy and misc families (tiny.LEGACY) that brought a new mechanism: a truncated draft each
-LEGACY_CUT = ("gpt_neo", "bloom")
+LEGACY_CUT = ("gpt_neo", "bloom", "codegen")
 
 
 @pytest.fixture(scope="session")

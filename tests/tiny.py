@@ -43,7 +43,7 @@ FALCON_ALIBI = dict(alibi=True, multi_query=False, parallel_attn=False, num_atte
 KINDS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2", "gpt_neox", "opt",
          "falcon", "gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm",
          "gpt_bigcode", "gptj", "cohere", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
-LEGACY = ("nemotron", "arcee", "helium", "apertus", "gpt_neo", "bloom", "mpt")
+LEGACY = ("nemotron", "arcee", "helium", "apertus", "gpt_neo", "bloom", "mpt", "codegen")
 KINDS += LEGACY
 # mixture of experts: 4 experts of 32, 2 per token
 MOE = dict(num_experts_per_tok=2)
@@ -130,6 +130,10 @@ def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra
         "mpt": ("MptConfig", dict(vocab_size=vocab, d_model=96, n_layers=layers, n_heads=12,
                                   expansion_ratio=2, max_seq_len=256, initializer_range=0.25,
                                   tie_word_embeddings=False, **ids)),
+        # q, v, k in 4 blocks of 2 heads each (8 heads of 8), RoPE on the first 4 dims
+        "codegen": ("CodeGenConfig", dict(vocab_size=vocab, n_positions=256, n_embd=hidden,
+                                          n_layer=layers, n_head=8, n_inner=2 * hidden,
+                                          rotary_dim=4, initializer_range=0.25, **ids)),
     }
     if kind not in table:
         raise ValueError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")

@@ -29,7 +29,7 @@ CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
 CASES.update({"nemotron": "NemotronForCausalLM", "arcee": "ArceeForCausalLM",
               "helium": "HeliumForCausalLM", "apertus": "ApertusForCausalLM",
               "gpt_neo": "GPTNeoForCausalLM", "bloom": "BloomForCausalLM",
-              "mpt": "MptForCausalLM"})
+              "mpt": "MptForCausalLM", "codegen": "CodeGenForCausalLM"})
 
 _ROPE = {"rope_theta": 10000.0}
 # config variants built in memory: name -> (tiny kind, config overrides, max_context)
@@ -278,6 +278,13 @@ def test_bidirectional_gemma3_is_refused():
     config = tiny.config_for("gemma3", tiny.VOCAB, use_bidirectional_attention=True)
     with pytest.raises(ConfigError, match=r"use_bidirectional_attention.*causal attention"):
         REGISTRY["Gemma3ForCausalLM"](config)
+
+
+def test_bloom_residual_after_the_norms_is_refused():
+    config = tiny.config_for("bloom", tiny.VOCAB, apply_residual_connection_post_layernorm=True)
+    with pytest.raises(ConfigError, match=r"apply_residual_connection_post_layernorm=True .*not "
+                                          r"supported"):
+        REGISTRY["BloomForCausalLM"](config)
 
 
 def test_moe_runs_dense_in_plain_onnx_and_on_the_kernel_in_the_ort_flavour(exported,
