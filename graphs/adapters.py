@@ -74,8 +74,9 @@ class Adapter:
                                           # float32 bias to the model's dtype (BLOOM), none (MPT)
     # --- a layer ----------------------------------------------------------------------
     attn: str = "self_attn"               # a path: GPT-Neo's is "attn.attention"
-    windows: tuple[int | None, ...] | None = None  # per layer attention window (None: full);
-                                          # None: from the config (sliding_windows)
+    windows: tuple[int | None, ...] | None = None  # per layer: attention window, or None for
+                                          # full attention; unset: from the config
+                                          # (sliding_windows; GPT-Neo lists its own kinds)
     input_norm: str | None = "input_layernorm"  # before attention (after the residual add if
                                           # "post"); None: none (OLMo 2 norms outputs instead)
     attn_out_norm: str | None = None      # on the attention output, before the residual add
