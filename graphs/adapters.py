@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 
 Positions = Literal["rope", "learned", "alibi"]
-QkvLayout = Literal["split", "grouped"]
+QkvLayout = Literal["split", "grouped", "blocks_qvk"]
 QkNormOver = Literal["head", "heads_first", "projection"]
 
 
@@ -54,6 +54,7 @@ class Adapter:
     layers: str = "model.layers"
     final_norm: str | None = "model.norm"
     lm_head: str = "lm_head"              # tied or not: whatever module Hugging Face calls
+    embed_norm: str | None = None         # a norm on the embedding output (BLOOM's)
     project_in: str | None = None         # after the embedding (OPT's word_embed_proj_dim)
     project_out: str | None = None        # before the LM head
     positions: Positions = "rope"
@@ -66,14 +67,22 @@ class Adapter:
     rope_interleaved: bool = False        # rotate pairs (2j, 2j+1), not (j, j + R/2)
     pos_embed: str | None = None          # learned: embedding table read at position_ids + offset
     pos_offset: int = 0
+    alibi_scaled: bool = True             # alibi: the bias times the q·k scale (Falcon), or
+                                          # added as it is (BLOOM)
+    alibi_dtype: Literal["bfloat16", "model", "float32"] = "bfloat16"  # rounding: slopes,
+                                          # positions and bias to bfloat16 (Falcon), the
+                                          # float32 bias to the model's dtype (BLOOM), none (MPT)
     # --- a layer ----------------------------------------------------------------------
-    attn: str = "self_attn"
+    attn: str = "self_attn"               # a path: GPT-Neo's is "attn.attention"
+    windows: tuple[int | None, ...] | None = None  # per layer: attention window, or None for
+                                          # full attention; unset: from the config
+                                          # (sliding_windows; GPT-Neo lists its own kinds)
     input_norm: str | None = "input_layernorm"  # before attention (after the residual add if
                                           # "post"); None: none (OLMo 2 norms outputs instead)
     attn_out_norm: str | None = None      # on the attention output, before the residual add
     mlp_norm: str | None = "post_attention_layernorm"  # None: the MLP reads input_norm's output
                                           # (parallel) or the residual stream (sequential)
-    mlp: tuple[str, ...] = ("mlp",)       # modules applied in turn
+    mlp: tuple[str, ...] = ("mlp",)       # modules applied in turn (paths: "mlp.fc1")
     mlp_out_norm: str | None = None       # on the MLP output, before the residual add
     residual: Literal["sequential", "parallel"] = "sequential"  # parallel: x + attn(.) + mlp(.)
     norm_position: Literal["pre", "post"] = "pre"
@@ -83,7 +92,10 @@ class Adapter:
     k: str = "k_proj"
     v: str = "v_proj"
     qkv: str | None = None                # one fused projection instead of q, k, v
-    qkv_layout: QkvLayout = "split"       # split: [q | k | v]; grouped: per KV head [q*G, k, v]
+    qkv_layout: QkvLayout = "split"       # split: [q | k | v]; grouped: per KV head [q*G, k, v];
+                                          # blocks_qvk: qkv_blocks blocks, each [q | v | k] of
+                                          # a slice of the heads (CodeGen's model-parallel one)
+    qkv_blocks: int = 1
     o: str = "o_proj"
     q_norm: str | None = None             # norms on q and k (Qwen 3, OLMo 2)
     k_norm: str | None = None
@@ -91,7 +103,7 @@ class Adapter:
                                           # (StableLM's per-head module list), or the whole
                                           # projection (B, T, n·D) (OLMo 2)
     head_dim: str = "head_dim"            # attribute names on the attention module
-    scaling: str = "scaling"
+    scaling: str | None = "scaling"       # None: q·k unscaled (GPT-Neo)
     num_kv_heads: int | None = None       # None: config.num_key_value_heads, else all heads
     attn_softcap: float | None = None     # scores = cap * tanh(scores / cap)
     logit_softcap: float | None = None

@@ -136,6 +136,10 @@ def _project(attn: nn.Module, a: Adapter, heads: Heads, h: torch.Tensor):
     if a.qkv_layout == "split":                                     # [q | k | v]
         q, k, v = fused.split((H * D, Hkv * D, Hkv * D), dim=-1)
         return q.reshape(B, T, H, D), k.reshape(B, T, Hkv, D), v.reshape(B, T, Hkv, D)
+    if a.qkv_layout == "blocks_qvk":                                # [q_b | v_b | k_b] per block b
+        blocks = fused.view(B, T, a.qkv_blocks, 3, -1)              # (B, T, blocks, 3, H·D/blocks)
+        q, v, k = (blocks[:, :, :, j].reshape(B, T, -1, D) for j in range(3))
+        return q, k, v
     grouped = fused.view(B, T, Hkv, G + 2, D)                       # per KV head: G queries, k, v
     q = grouped[:, :, :, :G].reshape(B, T, H, D)
     return q, grouped[:, :, :, G], grouped[:, :, :, G + 1]

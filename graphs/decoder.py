@@ -32,6 +32,7 @@ class Decoder(nn.Module):
         config = model.config
         a = self.adapter = adapter
         self.embed = get_path(model, a.embed)
+        self.embed_norm = get_path(model, a.embed_norm)
         self.project_in = get_path(model, a.project_in)
         self.pos_embed = get_path(model, a.pos_embed) if a.positions == "learned" else None
         self.layers = nn.ModuleList(get_path(model, a.layers))
@@ -40,17 +41,19 @@ class Decoder(nn.Module):
         self.lm_head = get_path(model, a.lm_head)
         # one Rope per distinct table; layer i uses ropes[rope_keys[i]] (None: no RoPE there)
         self.ropes, self.rope_keys = _ropes(model, a, len(self.layers))
-        attn = [getattr(layer, a.attn) for layer in self.layers]
+        attn = [get_path(layer, a.attn) for layer in self.layers]
         num_heads = config.num_attention_heads
         num_kv_heads = a.num_kv_heads or getattr(config, "num_key_value_heads", None) or num_heads
         self.heads = Heads(num_heads, num_kv_heads, int(getattr(attn[0], a.head_dim)))
-        self.scalings = [float(getattr(m, a.scaling)) for m in attn]   # GPT-2 may scale per layer
-        self.windows = sliding_windows(config)
+        # GPT-2 may scale per layer; GPT-Neo does not scale
+        self.scalings = [1.0 if a.scaling is None else float(getattr(m, a.scaling)) for m in attn]
+        self.windows = a.windows or sliding_windows(config)
         self._init_moe(source)
         if flavour == contract.ORT:
             self._init_ort(max_context)
         if a.positions == "alibi":
-            slopes = alibi_slopes(num_heads).view(num_kv_heads, self.heads.groups)  # (Hkv, G)
+            slopes = alibi_slopes(num_heads, a.alibi_dtype == "bfloat16")
+            slopes = slopes.view(num_kv_heads, self.heads.groups)              # (Hkv, G)
             self.register_buffer("alibi_slopes", slopes, persistent=False)
 
     # KV shapes of the graph contract, read by trace.py
@@ -68,6 +71,8 @@ class Decoder(nn.Module):
         x = self.embed(input_ids)                                   # (B, T, E)
         if a.embed_scale != 1.0:
             x = x * a.embed_scale
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
         if self.project_in is not None:
             x = self.project_in(x)                                  # (B, T, H)
         if self.pos_embed is not None:                              # learned absolute positions
@@ -78,12 +83,16 @@ class Decoder(nn.Module):
         past_len = past[0].shape[1]
         key_pos = torch.arange(past_len + input_ids.shape[1], device=input_ids.device)  # (S,)
         masks = {w: causal_mask(position_ids, key_pos, w) for w in set(self.windows)}  # (B,1,1,T,S)
-        alibi = alibi_bias(self.alibi_slopes, key_pos) if a.positions == "alibi" else None
+        alibi = None
+        if a.positions == "alibi":                                  # (1, Hkv, G, 1, S)
+            dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(a.alibi_dtype,
+                                                                              x.dtype)
+            alibi = alibi_bias(self.alibi_slopes, key_pos, dtype)
         outputs: list[torch.Tensor] = []
         for i in range(len(self.layers)):
             bias = masks[self.windows[i]]
             if alibi is not None:                                   # Falcon scales it like q·k
-                bias = bias + alibi * self.scalings[i]              # (B, Hkv, G, T, S)
+                bias = bias + (alibi * self.scalings[i] if a.alibi_scaled else alibi)
             x, new_k, new_v = self._layer(i, x, self._rope(i), tables.get(self.rope_keys[i]),
                                           past[2 * i], past[2 * i + 1], self.scalings[i], bias)
             outputs += [new_k, new_v]
@@ -153,7 +162,7 @@ class Decoder(nn.Module):
         # the projection and the kernel: no q/k norm or clip, RoPE in the kernel or none there
         direct = [a.q_norm is None and a.qkv_clip is None and (self.ort_rotary or key is None)
                   for key in self.rope_keys]
-        self.packed = nn.ModuleList(_packed_qkv(getattr(layer, a.attn), a) if d else nn.Identity()
+        self.packed = nn.ModuleList(_packed_qkv(get_path(layer, a.attn), a) if d else nn.Identity()
                                     for layer, d in zip(self.layers, direct))
 
     def _forward_ort(self, x: torch.Tensor, position_ids: torch.Tensor, caches) -> tuple:
@@ -195,7 +204,7 @@ class Decoder(nn.Module):
         norm = _module(layer, a.input_norm)
         mlp_norm = getattr(layer, a.mlp_norm) if a.mlp_norm is not None else None
         h = x if post else norm(x)
-        attn_out, new_k, new_v = attention(getattr(layer, a.attn), a, self.heads, scaling, h,
+        attn_out, new_k, new_v = attention(get_path(layer, a.attn), a, self.heads, scaling, h,
                                            rope, cos_sin, past_k, past_v, bias, ort)
         if a.attn_out_norm is not None:
             attn_out = getattr(layer, a.attn_out_norm)(attn_out)
@@ -218,7 +227,7 @@ class Decoder(nn.Module):
             h = moe(getattr(layer, a.moe.block), a.moe, h, fc1)
         else:
             for name in a.mlp:
-                h = getattr(layer, name)(h)
+                h = get_path(layer, name)(h)
         if self.adapter.mlp_out_norm is not None:
             h = getattr(layer, self.adapter.mlp_out_norm)(h)
         return h

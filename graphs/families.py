@@ -175,3 +175,80 @@ DENSE = {
     "GPTJForCausalLM": _gptj,
     "CohereForCausalLM": _cohere,
 }
+
+
+# --- legacy and misc ---
+
+def _helium(config: Any) -> Adapter:
+    # Llama with interleaved RoPE (pairs 2j, 2j+1)
+    return Adapter(rope_interleaved=True)
+
+
+def _apertus(config: Any) -> Adapter:
+    # per-head q/k RMSNorms, its own norm names; the MLP (xIELU, no gate) is Hugging Face's
+    return Adapter(input_norm="attention_layernorm", mlp_norm="feedforward_layernorm",
+                   q_norm="q_norm", k_norm="k_norm")
+
+
+def _gpt_neo(config: Any) -> Adapter:
+    # GPT-2 layout with separate q, k, v one module deeper; global and local (window_size)
+    # layers alternate; q·k unscaled, in float32 as Hugging Face computes it
+    types = config.attention_layers[:config.num_layers]
+    return Adapter(embed="transformer.wte", layers="transformer.h", final_norm="transformer.ln_f",
+                   positions="learned", pos_embed="transformer.wpe", attn="attn.attention",
+                   windows=tuple(config.window_size if t == "local" else None for t in types),
+                   input_norm="ln_1", mlp_norm="ln_2", o="out_proj", scaling=None,
+                   num_kv_heads=config.num_heads, scores_fp32=True)
+
+
+def _bloom(config: Any) -> Adapter:
+    # ALiBi added unscaled (a float32 bias rounded to the model's dtype), a LayerNorm on the
+    # embeddings, per head [q, k, v]; its MLP module adds the residual itself, so the decoder
+    # calls the MLP's parts
+    if config.apply_residual_connection_post_layernorm:
+        raise ConfigError("BLOOM with apply_residual_connection_post_layernorm=True (residuals "
+                          "taken after the norms) is not supported; no released BLOOM "
+                          "checkpoint sets it. ---> HINT: check the checkpoint's config.json.")
+    return Adapter(embed="transformer.word_embeddings",
+                   embed_norm="transformer.word_embeddings_layernorm", layers="transformer.h",
+                   final_norm="transformer.ln_f", positions="alibi", alibi_scaled=False,
+                   alibi_dtype="model", attn="self_attention", qkv="query_key_value",
+                   qkv_layout="grouped", o="dense", scaling="inv_norm_factor",
+                   mlp=("mlp.dense_h_to_4h", "mlp.gelu_impl", "mlp.dense_4h_to_h"),
+                   num_kv_heads=config.n_head)
+
+
+def _mpt(config: Any) -> Adapter:
+    # ALiBi added unscaled in float32 (Hugging Face builds the slopes with alibi_bias_max 8
+    # whatever the config says: the ALiBi paper's), [q | k | v] fused, clip_qkv; its MLP
+    # module adds the residual itself, so the decoder calls the MLP's parts
+    return Adapter(embed="transformer.wte", layers="transformer.blocks",
+                   final_norm="transformer.norm_f", positions="alibi", alibi_scaled=False,
+                   alibi_dtype="float32", attn="attn", input_norm="norm_1",
+                   mlp_norm="norm_2", mlp=("ffn.up_proj", "ffn.act", "ffn.down_proj"),
+                   qkv="Wqkv", qkv_layout="split", o="out_proj", scaling="softmax_scale",
+                   num_kv_heads=config.n_heads, qkv_clip=config.attn_config.clip_qkv)
+
+
+def _codegen(config: Any) -> Adapter:
+    # GPT-J's layer (parallel residual on one norm, interleaved RoPE on rotary_dim dims from a
+    # base-10000 table, q·k in float32) with q, v, k fused in 4 model-parallel blocks
+    return Adapter(embed="transformer.wte", layers="transformer.h", final_norm="transformer.ln_f",
+                   rope_base=(10000.0, config.rotary_dim), rope_interleaved=True, attn="attn",
+                   input_norm="ln_1", mlp_norm=None, residual="parallel", qkv="qkv_proj",
+                   qkv_layout="blocks_qvk", qkv_blocks=4, o="out_proj",
+                   num_kv_heads=config.num_attention_heads, scores_fp32=True)
+
+
+DENSE.update({
+    # Llama layouts whose norms and MLPs (LayerNorm1P, relu² without a gate) are their own
+    # Hugging Face modules, reused as they are; partial rotary comes from the rotary module
+    "NemotronForCausalLM": _llama,
+    "ArceeForCausalLM": _llama,
+    "HeliumForCausalLM": _helium,
+    "ApertusForCausalLM": _apertus,
+    "GPTNeoForCausalLM": _gpt_neo,
+    "BloomForCausalLM": _bloom,
+    "MptForCausalLM": _mpt,
+    "CodeGenForCausalLM": _codegen,
+})

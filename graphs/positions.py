@@ -62,8 +62,12 @@ class Rope(nn.Module):
         return torch.cat((rot * cos + rotate(rot) * sin, rest), dim=-1)
 
 
-def alibi_slopes(num_heads: int) -> torch.Tensor:
-    """Per-head ALiBi slopes (H,), rounded to bfloat16 as Hugging Face's Falcon does."""
+def alibi_slopes(num_heads: int, bfloat16: bool = True) -> torch.Tensor:
+    """Per-head ALiBi slopes (H,), rounded to bfloat16 as Hugging Face's Falcon does if asked.
+
+    (MPT's formula, 2^(-8k/P) over the power of two P at or above H with the even k first,
+    gives these same slopes.)
+    """
     closest = 2 ** math.floor(math.log2(num_heads))
     base = torch.tensor(2 ** (-(2 ** -(math.log2(closest) - 3))), dtype=torch.float32)
     slopes = torch.pow(base, torch.arange(1, 1 + closest, dtype=torch.int32))
@@ -71,17 +75,22 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
         extra = torch.tensor(2 ** (-(2 ** -(math.log2(2 * closest) - 3))), dtype=torch.float32)
         odd = torch.arange(1, 1 + 2 * min(closest, num_heads - closest), 2, dtype=torch.int32)
         slopes = torch.cat((slopes, torch.pow(extra, odd)))
-    return slopes.bfloat16().float()
+    return slopes.bfloat16().float() if bfloat16 else slopes
 
 
-def alibi_bias(slopes: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
-    """slopes (Hkv, G), key positions (S,) -> additive bias (1, Hkv, G, 1, S).
+def alibi_bias(slopes: torch.Tensor, key_pos: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """slopes (Hkv, G), key positions (S,) -> additive bias (1, Hkv, G, 1, S), float32.
 
-    Hugging Face multiplies in bfloat16 (positions rounded to bfloat16, product rounded
-    again); the casts below reproduce that exactly in float32 arithmetic.
+    The bias is computed in `dtype` as Hugging Face does: bfloat16 for Falcon (positions
+    rounded to bfloat16, product rounded again), the model's dtype for BLOOM (a float32
+    product rounded once), float32 for MPT; the casts below reproduce that exactly in
+    float32 arithmetic. (MPT's bias is slope·(key - last key): a constant per query away,
+    which softmax ignores.)
     """
-    pos = key_pos.float().to(torch.bfloat16).float()                 # (S,)
-    bias = (slopes[:, :, None] * pos).to(torch.bfloat16).float()      # (Hkv, G, S)
+    pos = key_pos.float()                                            # (S,)
+    if dtype == torch.bfloat16:
+        pos = pos.to(torch.bfloat16).float()
+    bias = (slopes[:, :, None] * pos).to(dtype).float()              # (Hkv, G, S)
     return bias[None, :, :, None, :]
 
 

@@ -149,8 +149,9 @@ def _quiet_transformers() -> None:
 
 
 def _max_context(config: ExportConfig, *models: LoadedModel) -> int:
-    limits = {m.role: int(getattr(m.model.config, "max_position_embeddings", 0) or 0)
-              for m in models}
+    # MPT names its limit max_seq_len (its ALiBi table in Hugging Face ends there)
+    limits = {m.role: int(getattr(m.model.config, "max_position_embeddings", 0)
+                          or getattr(m.model.config, "max_seq_len", 0) or 0) for m in models}
     model_limit = min((v for v in limits.values() if v > 0), default=DEFAULT_MAX_CONTEXT)
     if config.max_context is None:
         return min(DEFAULT_MAX_CONTEXT, model_limit)

@@ -41,6 +41,8 @@ NEWER = ("gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm
          "gptj", "cohere")
 # mixture-of-experts families
 MOE = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
+# legacy and misc families (tiny.LEGACY) that brought a new mechanism: a truncated draft each
+LEGACY_CUT = ("gpt_neo", "bloom", "codegen")
 
 
 @pytest.fixture(scope="session")
@@ -66,6 +68,10 @@ def models(tmp_path_factory) -> dict[str, Path]:
                                        new_decoder_architecture=True, num_kv_heads=2)
     for seed, kind in enumerate(NEWER + MOE, start=15):
         m[kind] = tiny.build_model(root / kind, kind, tok, seed=seed)
+    for seed, kind in enumerate(tiny.LEGACY, start=40):
+        m[kind] = tiny.build_model(root / kind, kind, tok, seed=seed)
+    for name in LEGACY_CUT:
+        m[f"{name}_cut"] = tiny.truncate(m[name], root / f"{name}_cut", 1, tok)
     for name in ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2",
                  "gpt_neox", "opt", "falcon", "falcon_alibi", *NEWER, *MOE):
         m[f"{name}_cut"] = tiny.truncate(m[name], root / f"{name}_cut", 1, tok)

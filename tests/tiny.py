@@ -43,6 +43,8 @@ FALCON_ALIBI = dict(alibi=True, multi_query=False, parallel_attn=False, num_atte
 KINDS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2", "gpt_neox", "opt",
          "falcon", "gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm",
          "gpt_bigcode", "gptj", "cohere", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
+LEGACY = ("nemotron", "arcee", "helium", "apertus", "gpt_neo", "bloom", "mpt", "codegen")
+KINDS += LEGACY
 # mixture of experts: 4 experts of 32, 2 per token
 MOE = dict(num_experts_per_tok=2)
 
@@ -108,6 +110,30 @@ def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra
         "mixtral": ("MixtralConfig", {**llama_like, **MOE, "num_local_experts": 4,
                                       "intermediate_size": 32}),
         "olmoe": ("OlmoeConfig", {**llama_like, **MOE, "num_experts": 4, "intermediate_size": 32}),
+        # legacy and misc: partial rotary with a LayerNorm1P and relu² MLP (Nemotron)
+        "nemotron": ("NemotronConfig", {**llama_like, "partial_rotary_factor": 0.5}),
+        "arcee": ("ArceeConfig", llama_like),
+        "helium": ("HeliumConfig", {**llama_like, "head_dim": hidden // 4}),
+        "apertus": ("ApertusConfig", {**llama_like, "rope_parameters": {  # its default: llama3
+            "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
+        # a global then a local layer whose window is shorter than parity's sequences
+        "gpt_neo": ("GPTNeoConfig", dict(vocab_size=vocab, max_position_embeddings=256,
+                                         hidden_size=hidden, num_layers=layers, num_heads=4,
+                                         attention_types=[[["global", "local"], layers // 2]],
+                                         window_size=8, intermediate_size=2 * hidden,
+                                         initializer_range=0.25, **ids)),
+        # ALiBi over 12 heads of 8: 8 slopes, then 4 interleaved from the next power of two
+        "bloom": ("BloomConfig", dict(vocab_size=vocab, hidden_size=96, n_layer=layers,
+                                      n_head=12, initializer_range=0.25, **ids)),
+        # MPT's own ALiBi slopes, over 12 heads too
+        "mpt": ("MptConfig", dict(vocab_size=vocab, d_model=96, n_layers=layers, n_heads=12,
+                                  expansion_ratio=2, max_seq_len=256, initializer_range=0.25,
+                                  tie_word_embeddings=False, **ids)),
+        # q, v, k in 4 blocks of 2 heads each (8 heads of 8), RoPE on the first 4 dims
+        "codegen": ("CodeGenConfig", dict(vocab_size=vocab, n_positions=256, n_embd=hidden,
+                                          n_layer=layers, n_head=8, n_inner=2 * hidden,
+                                          rotary_dim=4, initializer_range=0.25, **ids)),
     }
     if kind not in table:
         raise ValueError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")
@@ -141,6 +167,9 @@ def truncate(source: Path, folder: Path, layers: int, tokenizer) -> Path:
     model.config.num_hidden_layers = layers
     if getattr(model.config, "layer_types", None):
         model.config.layer_types = model.config.layer_types[:layers]
+    if getattr(model.config, "attention_types", None):         # GPT-Neo's per-layer kinds
+        model.config.attention_layers = model.config.attention_layers[:layers]
+        model.config.attention_types = [[model.config.attention_layers, 1]]
     _save(model, tokenizer, folder)
     return folder
 

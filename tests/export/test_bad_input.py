@@ -125,6 +125,14 @@ def test_max_context_above_model_limit(models, out):
     assert_nothing_written(out)
 
 
+def test_max_context_above_mpt_max_seq_len(models, out):
+    """MPT's limit is max_seq_len (256 here): Hugging Face's ALiBi table ends there."""
+    with pytest.raises(ConfigError, match=r"--max-context 512 exceeds the models' limit.*256"):
+        export_bundle(ExportConfig(target=str(models["mpt"]), draft=str(models["mpt"]),
+                                   output=out, max_context=512, quiet=True))
+    assert_nothing_written(out)
+
+
 BLOCK_TORCH = """
 import sys
 class Block:

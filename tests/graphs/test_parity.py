@@ -25,6 +25,11 @@ CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
          "gptj": "GPTJForCausalLM", "cohere": "CohereForCausalLM",
          "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
          "mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM"}
+# legacy and misc
+CASES.update({"nemotron": "NemotronForCausalLM", "arcee": "ArceeForCausalLM",
+              "helium": "HeliumForCausalLM", "apertus": "ApertusForCausalLM",
+              "gpt_neo": "GPTNeoForCausalLM", "bloom": "BloomForCausalLM",
+              "mpt": "MptForCausalLM", "codegen": "CodeGenForCausalLM"})
 
 _ROPE = {"rope_theta": 10000.0}
 # config variants built in memory: name -> (tiny kind, config overrides, max_context)
@@ -67,6 +72,8 @@ VARIANTS = {
     "olmoe_clip_qkv": ("olmoe", {"clip_qkv": 1.0, "norm_topk_prob": True}, MAX_CONTEXT),
     # GELU experts: no ONNX Runtime MoE kernel for them, so dense in the ort flavour too
     "mixtral_gelu": ("mixtral", {"hidden_act": "gelu"}, MAX_CONTEXT),
+    "mpt_clip_qkv": ("mpt", {"attn_config": {"clip_qkv": 0.5, "softmax_scale": 0.2}},
+                     MAX_CONTEXT),
 }
 
 
@@ -113,7 +120,8 @@ def exported_ort(exported, tmp_path_factory):
             for name, (model, _, max_context) in exported.items() if name not in NO_ORT}
 
 
-NO_ORT = {"falcon_alibi"}       # ALiBi: GroupQueryAttention takes no per-head slopes
+# ALiBi: GroupQueryAttention takes no per-head slopes
+NO_ORT = {"falcon_alibi", "bloom", "mpt", "mpt_clip_qkv"}
 
 
 @pytest.mark.parametrize("name", sorted({*CASES, *VARIANTS} - NO_ORT))
@@ -125,10 +133,11 @@ def test_ort_flavour_parity_with_hugging_face(exported, exported_ort, name):
     assert diffs["new_key"] < 1e-3 and diffs["new_value"] < 1e-3, diffs
 
 
-def test_ort_flavour_refuses_alibi_naming_the_fix(exported, tmp_path):
-    model, _, _ = exported["falcon_alibi"]
+@pytest.mark.parametrize("name", sorted(NO_ORT))
+def test_ort_flavour_refuses_alibi_naming_the_fix(exported, tmp_path, name):
+    model, _, _ = exported[name]
     with pytest.raises(ConfigError, match=r"no ALiBi.*--graph standard"):
-        export_decoder(model, "falcon_alibi", tmp_path / "model.onnx", 64, graph="ort")
+        export_decoder(model, name, tmp_path / "model.onnx", 64, graph="ort")
 
 
 def test_ort_flavour_refuses_a_head_size_not_a_multiple_of_8(tmp_path):
@@ -250,6 +259,8 @@ def test_sliding_window_is_exercised(models):
 
     for name in ("mistral", "gemma2", "gemma3", "starcoder2"):
         assert AutoConfig.from_pretrained(models[name]).sliding_window < 24
+    gpt_neo = AutoConfig.from_pretrained(models["gpt_neo"])        # a global and a local layer
+    assert gpt_neo.window_size < 24 and set(gpt_neo.attention_layers) == {"global", "local"}
 
 
 def test_per_layer_rope_is_exercised(models):
@@ -267,6 +278,13 @@ def test_bidirectional_gemma3_is_refused():
     config = tiny.config_for("gemma3", tiny.VOCAB, use_bidirectional_attention=True)
     with pytest.raises(ConfigError, match=r"use_bidirectional_attention.*causal attention"):
         REGISTRY["Gemma3ForCausalLM"](config)
+
+
+def test_bloom_residual_after_the_norms_is_refused():
+    config = tiny.config_for("bloom", tiny.VOCAB, apply_residual_connection_post_layernorm=True)
+    with pytest.raises(ConfigError, match=r"apply_residual_connection_post_layernorm=True .*not "
+                                          r"supported"):
+        REGISTRY["BloomForCausalLM"](config)
 
 
 def test_moe_runs_dense_in_plain_onnx_and_on_the_kernel_in_the_ort_flavour(exported,

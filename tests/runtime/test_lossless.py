@@ -26,6 +26,10 @@ PAIRS += [(name, f"{name}_cut") for name in ("gemma3", "starcoder2", "granite", 
                                              "phi", "stablelm", "gpt_bigcode", "gptj", "cohere")]
 # mixture of experts (Qwen3-MoE's draft keeps its MoE layer, the target mixes MoE and dense)
 PAIRS += [(name, f"{name}_cut") for name in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")]
+# legacy and misc families with a mechanism of their own (GPT-Neo: unscaled q·k, local layers;
+# BLOOM: ALiBi added unscaled, a norm on the embeddings, so the standard graph; CodeGen: q, v, k
+# fused in blocks)
+PAIRS += [(name, f"{name}_cut") for name in ("gpt_neo", "bloom", "codegen")]
 
 # The pairs above run in the graph flavour ssd-export writes by default here ("ort" where it
 # fits; ALiBi stays standard); these run in the standard graph that GPU bundles carry too.
