@@ -159,6 +159,65 @@ def _cohere(config: Any) -> Adapter:
                    logit_scale=config.logit_scale)
 
 
+def _ministral(config: Any) -> Adapter:
+    # Llama with a sliding window on the layers layer_types names (all of them by default)
+    return Adapter()
+
+
+def _exaone4(config: Any) -> Adapter:
+    # OLMo 2's output norms with per-head q/k norms; with a sliding window, RoPE on the
+    # sliding layers only (the global layers have none), else on every layer
+    windowed = config.sliding_window is not None
+    return Adapter(input_norm=None, attn_out_norm="post_attention_layernorm", mlp_norm=None,
+                   mlp_out_norm="post_feedforward_layernorm", q_norm="q_norm", k_norm="k_norm",
+                   layer_rope=tuple("" if not windowed or t == "sliding_attention" else None
+                                    for t in config.layer_types[:config.num_hidden_layers]))
+
+
+def _glm(config: Any) -> Adapter:
+    # GLM-4 (0414): interleaved RoPE on the first half of each head (partial_rotary_factor)
+    return Adapter(rope_interleaved=True)
+
+
+def _glm4(config: Any) -> Adapter:
+    # GLM's attention and RoPE, with norms on the attention and MLP outputs as well
+    return Adapter(rope_interleaved=True, attn_out_norm="post_self_attn_layernorm",
+                   mlp_out_norm="post_mlp_layernorm")
+
+
+def _olmo(config: Any) -> Adapter:
+    # Llama with parameter-free LayerNorms and optional q/k/v clipping
+    return Adapter(qkv_clip=config.clip_qkv)
+
+
+def _olmo3(config: Any) -> Adapter:
+    # OLMo 2 with sliding-window layers, and a RoPE table per layer type (like Gemma 3)
+    return Adapter(input_norm=None, attn_out_norm="post_attention_layernorm", mlp_norm=None,
+                   mlp_out_norm="post_feedforward_layernorm", q_norm="q_norm", k_norm="k_norm",
+                   qk_norm_over="projection",
+                   layer_rope=tuple(f"{t}_" for t in config.layer_types[:config.num_hidden_layers]))
+
+
+def _cohere2(config: Any) -> Adapter:
+    # Command R7B / A: Cohere's parallel block; RoPE on the sliding layers only
+    rope = tuple("" if t == "sliding_attention" and config.sliding_window else None
+                 for t in config.layer_types[:config.num_hidden_layers])
+    return Adapter(mlp_norm=None, residual="parallel", rope_interleaved=True, layer_rope=rope,
+                   logit_scale=config.logit_scale)
+
+
+def _vaultgemma(config: Any) -> Adapter:
+    # Gemma 2 without the norms on the attention and MLP outputs
+    return Adapter(mlp_norm="pre_feedforward_layernorm",
+                   attn_softcap=config.attn_logit_softcapping,
+                   logit_softcap=config.final_logit_softcapping)
+
+
+def _ernie4_5(config: Any) -> Adapter:
+    # Llama with interleaved RoPE
+    return Adapter(rope_interleaved=True)
+
+
 DENSE = {
     "LlamaForCausalLM": _llama, "MistralForCausalLM": _llama, "Qwen2ForCausalLM": _llama,
     "GemmaForCausalLM": _llama, "Qwen3ForCausalLM": _qwen3, "Phi3ForCausalLM": _phi3,
@@ -174,4 +233,14 @@ DENSE = {
     "GPTBigCodeForCausalLM": _gpt_bigcode,
     "GPTJForCausalLM": _gptj,
     "CohereForCausalLM": _cohere,
+    "MinistralForCausalLM": _ministral,
+    "Exaone4ForCausalLM": _exaone4,
+    "Glm4ForCausalLM": _glm4,
+    "GlmForCausalLM": _glm,
+    "Ernie4_5ForCausalLM": _ernie4_5,
+    "Olmo3ForCausalLM": _olmo3,
+    "OlmoForCausalLM": _olmo,
+    "SeedOssForCausalLM": _llama,
+    "Cohere2ForCausalLM": _cohere2,
+    "VaultGemmaForCausalLM": _vaultgemma,
 }

@@ -41,6 +41,9 @@ NEWER = ("gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm
          "gptj", "cohere")
 # mixture-of-experts families
 MOE = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
+# dense families added after them
+LATER_DENSE = ("ministral", "exaone4", "glm4", "glm", "ernie4_5", "olmo3", "olmo", "seed_oss",
+               "cohere2", "vaultgemma")
 
 
 @pytest.fixture(scope="session")
@@ -65,6 +68,8 @@ def models(tmp_path_factory) -> dict[str, Path]:
     m["falcon_new"] = tiny.build_model(root / "falcon_new", "falcon", tok, seed=14,
                                        new_decoder_architecture=True, num_kv_heads=2)
     for seed, kind in enumerate(NEWER + MOE, start=15):
+        m[kind] = tiny.build_model(root / kind, kind, tok, seed=seed)
+    for seed, kind in enumerate(LATER_DENSE, start=100):
         m[kind] = tiny.build_model(root / kind, kind, tok, seed=seed)
     for name in ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2",
                  "gpt_neox", "opt", "falcon", "falcon_alibi", *NEWER, *MOE):

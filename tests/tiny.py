@@ -42,7 +42,10 @@ def build_tokenizer(folder: Path):
 FALCON_ALIBI = dict(alibi=True, multi_query=False, parallel_attn=False, num_attention_heads=16)
 KINDS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2", "gpt_neox", "opt",
          "falcon", "gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm",
-         "gpt_bigcode", "gptj", "cohere", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
+         "gpt_bigcode", "gptj", "cohere", "ministral", "exaone4", "glm4", "glm", "ernie4_5",
+         "olmo3", "olmo", "seed_oss", "cohere2", "vaultgemma", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
+# a sliding window shorter than parity's prompt on the first of two layers
+SLIDING_FULL = dict(sliding_window=8, layer_types=["sliding_attention", "full_attention"])
 # mixture of experts: 4 experts of 32, 2 per token
 MOE = dict(num_experts_per_tok=2)
 
@@ -97,6 +100,24 @@ def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra
                                     n_layer=layers, n_head=4, n_inner=2 * hidden, rotary_dim=8,
                                     initializer_range=0.25, **ids)),
         "cohere": ("CohereConfig", {**llama_like, "logit_scale": 0.25}),
+        # a sliding then a full layer (Ministral, EXAONE 4, OLMo 3, Command R7B, VaultGemma)
+        "ministral": ("MinistralConfig", {**llama_like, **SLIDING_FULL, "head_dim": hidden // 4}),
+        # ... the full layer without RoPE
+        "exaone4": ("Exaone4Config", {**llama_like, "sliding_window": 8,
+                                      "sliding_window_pattern": 2}),
+        # interleaved RoPE on half of each head, q/k/v biases
+        "glm4": ("Glm4Config", {**llama_like, "head_dim": hidden // 4}),
+        "glm": ("GlmConfig", {**llama_like, "head_dim": hidden // 4}),
+        "ernie4_5": ("Ernie4_5Config", {**llama_like, "head_dim": hidden // 4, "use_bias": True}),
+        # each layer type with its own RoPE base
+        "olmo3": ("Olmo3Config", {**llama_like, **SLIDING_FULL, "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 1e6}}}),
+        "olmo": ("OlmoConfig", {**llama_like, "clip_qkv": 1.0}),
+        "seed_oss": ("SeedOssConfig", {**llama_like, "head_dim": hidden // 4}),
+        "cohere2": ("Cohere2Config", {**llama_like, **SLIDING_FULL, "logit_scale": 0.25}),
+        "vaultgemma": ("VaultGemmaConfig", {**llama_like, **SLIDING_FULL, "head_dim": hidden // 4,
+                                            "query_pre_attn_scalar": hidden // 4}),
         # an MoE layer then a dense one (mlp_only_layers), top-2 renormalised
         "qwen3_moe": ("Qwen3MoeConfig", {**llama_like, **MOE, "head_dim": hidden // 4,
                                          "num_experts": 4, "moe_intermediate_size": 32,

@@ -24,7 +24,11 @@ CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
          "stablelm": "StableLmForCausalLM", "gpt_bigcode": "GPTBigCodeForCausalLM",
          "gptj": "GPTJForCausalLM", "cohere": "CohereForCausalLM",
          "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-         "mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM"}
+         "mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM",
+         "ministral": "MinistralForCausalLM", "exaone4": "Exaone4ForCausalLM",
+         "glm4": "Glm4ForCausalLM", "glm": "GlmForCausalLM", "ernie4_5": "Ernie4_5ForCausalLM",
+         "olmo3": "Olmo3ForCausalLM", "olmo": "OlmoForCausalLM", "seed_oss": "SeedOssForCausalLM",
+         "cohere2": "Cohere2ForCausalLM", "vaultgemma": "VaultGemmaForCausalLM"}
 
 _ROPE = {"rope_theta": 10000.0}
 # config variants built in memory: name -> (tiny kind, config overrides, max_context)
@@ -67,6 +71,9 @@ VARIANTS = {
     "olmoe_clip_qkv": ("olmoe", {"clip_qkv": 1.0, "norm_topk_prob": True}, MAX_CONTEXT),
     # GELU experts: no ONNX Runtime MoE kernel for them, so dense in the ort flavour too
     "mixtral_gelu": ("mixtral", {"hidden_act": "gelu"}, MAX_CONTEXT),
+    # EXAONE 4 without a sliding window: RoPE on every layer
+    "exaone4_no_window": ("exaone4", {"sliding_window": None,
+                                      "layer_types": ["full_attention"] * 2}, MAX_CONTEXT),
 }
 
 
@@ -248,7 +255,8 @@ def test_sliding_window_is_exercised(models):
     """The sliding-window fixtures' windows are shorter than parity's longest sequence."""
     from transformers import AutoConfig
 
-    for name in ("mistral", "gemma2", "gemma3", "starcoder2"):
+    for name in ("mistral", "gemma2", "gemma3", "starcoder2", "ministral", "exaone4", "olmo3",
+                 "cohere2", "vaultgemma"):
         assert AutoConfig.from_pretrained(models[name]).sliding_window < 24
 
 
