@@ -90,6 +90,7 @@ class Adapter:
     qk_norm_over: QkNormOver = "head"     # what they read: (B, T, n, D) per head, (B, n, T, D)
                                           # (StableLM's per-head module list), or the whole
                                           # projection (B, T, n·D) (OLMo 2)
+    qk_norm_after_rope: bool = False      # the q/k norms read the rotated q, k (HunYuan)
     head_dim: str = "head_dim"            # attribute names on the attention module
     scaling: str = "scaling"
     num_kv_heads: int | None = None       # None: config.num_key_value_heads, else all heads
@@ -97,6 +98,9 @@ class Adapter:
     logit_softcap: float | None = None
     logit_scale: float = 1.0              # times the logits (Cohere; Granite's 1/logits_scaling)
     qkv_clip: float | None = None         # q, k, v clamped to ±clip after the q/k norms (OLMoE)
+    q_position_scale: tuple[float, int] | None = None  # (beta, period): q times
+                                          # 1 + beta·log(1 + floor(position / period)) after
+                                          # RoPE (Llama 4's attention temperature; Ministral 3)
     scores_fp32: bool = False             # q·k computed in float32 (GPT-J: float16 overflows)
     reference_attn: str | None = None     # attention implementation parity compares against
     moe: MoeSpec | None = None            # mixture-of-experts layers

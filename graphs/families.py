@@ -218,6 +218,24 @@ def _ernie4_5(config: Any) -> Adapter:
     return Adapter(rope_interleaved=True)
 
 
+def _hunyuan_dense(config: Any) -> Adapter:
+    # per-head q/k norms applied after RoPE
+    return Adapter(q_norm="query_layernorm", k_norm="key_layernorm", qk_norm_after_rope=True)
+
+
+def _ministral3(config: Any) -> Adapter:
+    # Mistral with Llama 4's attention temperature: queries scaled up, by the log of how many
+    # original contexts (original_max_position_embeddings) lie before their position
+    rope = config.rope_parameters or {}
+    beta, period = rope.get("llama_4_scaling_beta"), rope.get("original_max_position_embeddings")
+    if beta is None or not period:
+        raise ConfigError("Ministral 3 scales its queries by rope_parameters' "
+                          "llama_4_scaling_beta and original_max_position_embeddings, which this "
+                          f"config lacks (rope_parameters: {rope}). ---> HINT: set both, as "
+                          "Mistral's checkpoints do.")
+    return Adapter(q_position_scale=(float(beta), int(period)))
+
+
 DENSE = {
     "LlamaForCausalLM": _llama, "MistralForCausalLM": _llama, "Qwen2ForCausalLM": _llama,
     "GemmaForCausalLM": _llama, "Qwen3ForCausalLM": _qwen3, "Phi3ForCausalLM": _phi3,
@@ -243,4 +261,6 @@ DENSE = {
     "SeedOssForCausalLM": _llama,
     "Cohere2ForCausalLM": _cohere2,
     "VaultGemmaForCausalLM": _vaultgemma,
+    "HunYuanDenseV1ForCausalLM": _hunyuan_dense,
+    "Ministral3ForCausalLM": _ministral3,
 }

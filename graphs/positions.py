@@ -1,5 +1,5 @@
 """Position schemes done in the graph: rotary (RoPE, full or partial, rotate-half or
-interleaved) and ALiBi.
+interleaved), ALiBi and a per-position query scale.
 
 RoPE tables come from the Hugging Face rotary module (inv_freq, attention_scaling), so
 linear / llama3 / yarn scaling is what Hugging Face computed at load time. Learned
@@ -60,6 +60,14 @@ class Rope(nn.Module):
             return x * cos + rotate(x) * sin
         rot, rest = x[..., :self.rotary_dim], x[..., self.rotary_dim:]
         return torch.cat((rot * cos + rotate(rot) * sin, rest), dim=-1)
+
+
+def log_position_scale(position_ids: torch.Tensor, beta: float, period: int,
+                       dtype: torch.dtype) -> torch.Tensor:
+    """Llama 4's attention temperature: 1 + beta·log(1 + floor(position / period)) per query
+    position, (B, T) -> (B, T, 1, 1); 1 below the first period."""
+    scale = 1 + beta * torch.log(1 + torch.floor(position_ids / period))
+    return scale.to(dtype)[:, :, None, None]
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:

@@ -43,9 +43,11 @@ FALCON_ALIBI = dict(alibi=True, multi_query=False, parallel_attn=False, num_atte
 KINDS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2", "gpt_neox", "opt",
          "falcon", "gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm",
          "gpt_bigcode", "gptj", "cohere", "ministral", "exaone4", "glm4", "glm", "ernie4_5",
-         "olmo3", "olmo", "seed_oss", "cohere2", "vaultgemma", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
+         "hunyuan", "olmo3", "olmo", "seed_oss", "cohere2", "vaultgemma", "ministral3", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
 # a sliding window shorter than parity's prompt on the first of two layers
 SLIDING_FULL = dict(sliding_window=8, layer_types=["sliding_attention", "full_attention"])
+# kinds whose fixture models get norm weights other than ones (see randomise_norms)
+RANDOM_NORMS = ("hunyuan",)
 # mixture of experts: 4 experts of 32, 2 per token
 MOE = dict(num_experts_per_tok=2)
 
@@ -109,10 +111,19 @@ def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra
         "glm4": ("Glm4Config", {**llama_like, "head_dim": hidden // 4}),
         "glm": ("GlmConfig", {**llama_like, "head_dim": hidden // 4}),
         "ernie4_5": ("Ernie4_5Config", {**llama_like, "head_dim": hidden // 4, "use_bias": True}),
+        # NTK-alpha RoPE, as every HunYuan checkpoint has it (labelled "dynamic", yet static)
+        "hunyuan": ("HunYuanDenseV1Config", {**llama_like, "head_dim": hidden // 4,
+                                             "rope_parameters": {
+            "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0, "factor": 1.0}}),
         # each layer type with its own RoPE base
         "olmo3": ("Olmo3Config", {**llama_like, **SLIDING_FULL, "rope_parameters": {
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
             "full_attention": {"rope_type": "default", "rope_theta": 1e6}}}),
+        # queries scaled up past each 8 positions (original_max_position_embeddings)
+        "ministral3": ("Ministral3Config", {**llama_like, "head_dim": hidden // 4,
+                                            "rope_parameters": {
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 32.0,
+            "original_max_position_embeddings": 8, "llama_4_scaling_beta": 0.5}}),
         "olmo": ("OlmoConfig", {**llama_like, "clip_qkv": 1.0}),
         "seed_oss": ("SeedOssConfig", {**llama_like, "head_dim": hidden // 4}),
         "cohere2": ("Cohere2Config", {**llama_like, **SLIDING_FULL, "logit_scale": 0.25}),
@@ -142,8 +153,19 @@ def build_model(folder: Path, kind: str, tokenizer, seed: int, **config_extra) -
     torch.manual_seed(seed)
     config = config_for(kind, len(tokenizer), **config_extra)
     model = AutoModelForCausalLM.from_config(config).eval()
+    if kind in RANDOM_NORMS:
+        randomise_norms(model)
     _save(model, tokenizer, folder)
     return folder
+
+
+def randomise_norms(model) -> None:
+    """Norm weights drawn from [0.5, 1.5] instead of ones: a per-head RMSNorm with unit weights
+    commutes with RoPE, which would hide where a family applies it."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name and param.dim() == 1:
+                param.uniform_(0.5, 1.5)
 
 
 def truncate(source: Path, folder: Path, layers: int, tokenizer) -> Path:

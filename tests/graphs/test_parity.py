@@ -27,8 +27,10 @@ CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
          "mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM",
          "ministral": "MinistralForCausalLM", "exaone4": "Exaone4ForCausalLM",
          "glm4": "Glm4ForCausalLM", "glm": "GlmForCausalLM", "ernie4_5": "Ernie4_5ForCausalLM",
-         "olmo3": "Olmo3ForCausalLM", "olmo": "OlmoForCausalLM", "seed_oss": "SeedOssForCausalLM",
-         "cohere2": "Cohere2ForCausalLM", "vaultgemma": "VaultGemmaForCausalLM"}
+         "hunyuan": "HunYuanDenseV1ForCausalLM", "olmo3": "Olmo3ForCausalLM",
+         "olmo": "OlmoForCausalLM", "seed_oss": "SeedOssForCausalLM",
+         "cohere2": "Cohere2ForCausalLM", "vaultgemma": "VaultGemmaForCausalLM",
+         "ministral3": "Ministral3ForCausalLM"}
 
 _ROPE = {"rope_theta": 10000.0}
 # config variants built in memory: name -> (tiny kind, config overrides, max_context)
@@ -275,6 +277,14 @@ def test_bidirectional_gemma3_is_refused():
     config = tiny.config_for("gemma3", tiny.VOCAB, use_bidirectional_attention=True)
     with pytest.raises(ConfigError, match=r"use_bidirectional_attention.*causal attention"):
         REGISTRY["Gemma3ForCausalLM"](config)
+
+
+def test_ministral3_without_its_query_scale_is_refused():
+    config = tiny.config_for("ministral3", tiny.VOCAB,
+                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    with pytest.raises(ConfigError, match=r"llama_4_scaling_beta and "
+                                          r"original_max_position_embeddings.*---> HINT"):
+        REGISTRY["Ministral3ForCausalLM"](config)
 
 
 def test_moe_runs_dense_in_plain_onnx_and_on_the_kernel_in_the_ort_flavour(exported,
