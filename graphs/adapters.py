@@ -13,6 +13,7 @@ from typing import Any, Literal
 Positions = Literal["rope", "learned", "alibi"]
 QkvLayout = Literal["split", "grouped"]
 QkNormOver = Literal["head", "heads_first", "projection"]
+RopePrecision = Literal["model", "float32", "float32_rounded_tables"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,9 @@ class Adapter:
     rope_base: tuple[float, int] | None = None  # (base, rotary dims) for a rotary module
                                           # without inv_freq (GPT-J's sin/cos table)
     rope_interleaved: bool = False        # rotate pairs (2j, 2j+1), not (j, j + R/2)
+    rope_precision: RopePrecision = "model"  # where a float16 model rotates (positions.Rope):
+                                          # float32 (OLMo, ERNIE 4.5), float32 from rounded
+                                          # cos/sin (Cohere), else its own dtype
     pos_embed: str | None = None          # learned: embedding table read at position_ids + offset
     pos_offset: int = 0
     # --- a layer ----------------------------------------------------------------------

@@ -103,7 +103,7 @@ def _olmo2(config: Any) -> Adapter:
     # projection (all heads at once)
     return Adapter(input_norm=None, attn_out_norm="post_attention_layernorm", mlp_norm=None,
                    mlp_out_norm="post_feedforward_layernorm", q_norm="q_norm", k_norm="k_norm",
-                   qk_norm_over="projection")
+                   qk_norm_over="projection", rope_precision="float32")
 
 
 def _smollm3(config: Any) -> Adapter:
@@ -155,6 +155,7 @@ def _cohere(config: Any) -> Adapter:
     # optional per-head q/k norms
     norms = bool(config.use_qk_norm)
     return Adapter(mlp_norm=None, residual="parallel", rope_interleaved=True,
+                   rope_precision="float32_rounded_tables",
                    q_norm="q_norm" if norms else None, k_norm="k_norm" if norms else None,
                    logit_scale=config.logit_scale)
 
@@ -186,15 +187,15 @@ def _glm4(config: Any) -> Adapter:
 
 
 def _olmo(config: Any) -> Adapter:
-    # Llama with parameter-free LayerNorms and optional q/k/v clipping
-    return Adapter(qkv_clip=config.clip_qkv)
+    # Llama with parameter-free LayerNorms and optional q/k/v clipping; RoPE in float32
+    return Adapter(qkv_clip=config.clip_qkv, rope_precision="float32")
 
 
 def _olmo3(config: Any) -> Adapter:
     # OLMo 2 with sliding-window layers, and a RoPE table per layer type (like Gemma 3)
     return Adapter(input_norm=None, attn_out_norm="post_attention_layernorm", mlp_norm=None,
                    mlp_out_norm="post_feedforward_layernorm", q_norm="q_norm", k_norm="k_norm",
-                   qk_norm_over="projection",
+                   qk_norm_over="projection", rope_precision="float32",
                    layer_rope=tuple(f"{t}_" for t in config.layer_types[:config.num_hidden_layers]))
 
 
@@ -203,7 +204,7 @@ def _cohere2(config: Any) -> Adapter:
     rope = tuple("" if t == "sliding_attention" and config.sliding_window else None
                  for t in config.layer_types[:config.num_hidden_layers])
     return Adapter(mlp_norm=None, residual="parallel", rope_interleaved=True, layer_rope=rope,
-                   logit_scale=config.logit_scale)
+                   rope_precision="float32_rounded_tables", logit_scale=config.logit_scale)
 
 
 def _vaultgemma(config: Any) -> Adapter:
@@ -214,8 +215,8 @@ def _vaultgemma(config: Any) -> Adapter:
 
 
 def _ernie4_5(config: Any) -> Adapter:
-    # Llama with interleaved RoPE
-    return Adapter(rope_interleaved=True)
+    # Llama with interleaved RoPE, rotated in float32
+    return Adapter(rope_interleaved=True, rope_precision="float32")
 
 
 def _hunyuan_dense(config: Any) -> Adapter:

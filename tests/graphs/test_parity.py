@@ -344,3 +344,27 @@ def test_unsupported_moe_variants_are_refused(exported, change, match):
         if change == "router_bias":
             del block.gate.bias
         block.experts.has_bias = False
+
+
+@pytest.mark.parametrize("kind", ["olmo", "ernie4_5", "cohere2"])
+def test_float16_rope_is_computed_where_hugging_face_computes_it(kind):
+    """OLMo and ERNIE 4.5 rotate in float32 from float32 cos/sin, Cohere in float32 from cos/sin
+    rounded to float16: the wrapper's layer-0 keys in float16 equal Hugging Face's bit for bit
+    (rotating in float16 differs in the last bits)."""
+    from transformers import AutoModelForCausalLM
+
+    from ssd_graphs.decoder import Decoder
+    from ssd_graphs.registry import adapter_for
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny.config_for(kind, tiny.VOCAB),
+                                             attn_implementation="eager").eval().half()
+    decoder = Decoder(model, adapter_for(model, kind)).eval()
+    ids = torch.randint(3, tiny.VOCAB, (1, 20))
+    past = [torch.zeros(1, 0, decoder.num_kv_heads, decoder.head_dim, dtype=torch.float16)] * (
+        2 * len(decoder.layers))
+    with torch.no_grad():
+        keys = decoder(ids, torch.arange(20)[None], *past)[1]             # (1, 20, Hkv, D)
+        ref = model(ids, use_cache=True)["cache"].layers[0].keys          # (1, Hkv, S, D)
+    ref = ref.transpose(1, 2)                 # a sliding layer keeps only its last rows
+    assert torch.equal(keys[:, -ref.shape[1]:], ref)
