@@ -13,6 +13,7 @@ from typing import Any, Literal
 Positions = Literal["rope", "learned", "alibi"]
 QkvLayout = Literal["split", "grouped", "blocks_qvk"]
 QkNormOver = Literal["head", "heads_first", "projection"]
+RopePrecision = Literal["model", "float32", "float32_rounded_tables"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,9 @@ class Adapter:
     rope_base: tuple[float, int] | None = None  # (base, rotary dims) for a rotary module
                                           # without inv_freq (GPT-J's sin/cos table)
     rope_interleaved: bool = False        # rotate pairs (2j, 2j+1), not (j, j + R/2)
+    rope_precision: RopePrecision = "model"  # where a float16 model rotates (positions.Rope):
+                                          # float32 (OLMo, ERNIE 4.5), float32 from rounded
+                                          # cos/sin (Cohere), else its own dtype
     pos_embed: str | None = None          # learned: embedding table read at position_ids + offset
     pos_offset: int = 0
     alibi_scaled: bool = True             # alibi: the bias times the q·k scale (Falcon), or
@@ -102,6 +106,7 @@ class Adapter:
     qk_norm_over: QkNormOver = "head"     # what they read: (B, T, n, D) per head, (B, n, T, D)
                                           # (StableLM's per-head module list), or the whole
                                           # projection (B, T, n·D) (OLMo 2)
+    qk_norm_after_rope: bool = False      # the q/k norms read the rotated q, k (HunYuan)
     head_dim: str = "head_dim"            # attribute names on the attention module
     scaling: str | None = "scaling"       # None: q·k unscaled (GPT-Neo)
     num_kv_heads: int | None = None       # None: config.num_key_value_heads, else all heads
@@ -109,6 +114,9 @@ class Adapter:
     logit_softcap: float | None = None
     logit_scale: float = 1.0              # times the logits (Cohere; Granite's 1/logits_scaling)
     qkv_clip: float | None = None         # q, k, v clamped to ±clip after the q/k norms (OLMoE)
+    q_position_scale: tuple[float, int] | None = None  # (beta, period): q times
+                                          # 1 + beta·log(1 + floor(position / period)) after
+                                          # RoPE (Llama 4's attention temperature; Ministral 3)
     scores_fp32: bool = False             # q·k computed in float32 (GPT-J: float16 overflows)
     reference_attn: str | None = None     # attention implementation parity compares against
     moe: MoeSpec | None = None            # mixture-of-experts layers

@@ -42,16 +42,18 @@ def causal_mask(query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | No
 def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torch.Tensor,
               rope: Rope | None, cos_sin: tuple[torch.Tensor, ...] | None,
               past_k: torch.Tensor, past_v: torch.Tensor, bias: torch.Tensor | None,
-              ort: OrtAttention | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              ort: OrtAttention | None = None, q_scale: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """h (B, T, E) -> (output (B, T, E), new keys, new values (B, T, Hkv, D)).
 
-    `bias` is the mask (plus ALiBi) broadcastable to the scores (B, Hkv, G, T, S).
+    `bias` is the mask (plus ALiBi) broadcastable to the scores (B, Hkv, G, T, S); `q_scale`
+    (B, T, 1, 1) a per-position factor on the rotated queries.
 
-        h ─ proj ─┬─ q ─ q_norm ─ rope ─────────────┐
+        h ─ proj ─┬─ q ─ q_norm ─ rope ─ [q_scale] ─┐
                   ├─ k ─ k_norm ─ rope ─ cat(past) ─ softmax(q·kᵀ·s [capped] + bias) · v ─ o
                   └─ v ──────────────── cat(past) ─┘
 
-    (OLMoE clamps q, k and v to ±qkv_clip after the norms.)
+    (OLMoE clamps q, k and v to ±qkv_clip after the norms; HunYuan norms q and k after RoPE.)
     """
     B, T, _ = h.shape
     Hkv, G, D = heads.num_kv_heads, heads.groups, heads.head_dim
@@ -60,13 +62,17 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
         return _ort_attention(attn, a, heads, scaling, h, ort.packed(h), None, None, past_k,
                               past_v, ort)
     q, k, v = _project(attn, a, heads, h)                           # (B, T, H|Hkv, D)
-    if a.q_norm is not None:
+    if a.q_norm is not None and not a.qk_norm_after_rope:
         q, k = _qk_norm(attn, a, q, k)
     if a.qkv_clip is not None:                                      # OLMoE's clip_qkv
         q, k, v = (t.clamp(-a.qkv_clip, a.qkv_clip) for t in (q, k, v))
     if rope is not None and cos_sin is not None:
         q = rope.apply(q, *cos_sin)
         k = rope.apply(k, *cos_sin)
+    if a.q_norm is not None and a.qk_norm_after_rope:
+        q, k = _qk_norm(attn, a, q, k)
+    if q_scale is not None:
+        q = q * q_scale
     if ort is not None:                                             # the `ort` flavour
         return _ort_attention(attn, a, heads, scaling, h, q, k, v, past_k, past_v, ort)
     keys = torch.cat((past_k, k), dim=1)                            # (B, S, Hkv, D)

@@ -21,7 +21,7 @@ from torch import nn
 from .adapters import Adapter, get_path, sliding_windows
 from .attention import Heads, OrtAttention, attention, causal_mask
 from .moe import check_moe, cost_note, interleaved_gate_up, moe, uses_kernel
-from .positions import Rope, alibi_bias, alibi_slopes
+from .positions import Rope, alibi_bias, alibi_slopes, log_position_scale
 
 
 class Decoder(nn.Module):
@@ -88,13 +88,15 @@ class Decoder(nn.Module):
             dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(a.alibi_dtype,
                                                                               x.dtype)
             alibi = alibi_bias(self.alibi_slopes, key_pos, dtype)
+        q_scale = self._q_scale(position_ids, x.dtype)
         outputs: list[torch.Tensor] = []
         for i in range(len(self.layers)):
             bias = masks[self.windows[i]]
             if alibi is not None:                                   # Falcon scales it like q·k
                 bias = bias + (alibi * self.scalings[i] if a.alibi_scaled else alibi)
             x, new_k, new_v = self._layer(i, x, self._rope(i), tables.get(self.rope_keys[i]),
-                                          past[2 * i], past[2 * i + 1], self.scalings[i], bias)
+                                          past[2 * i], past[2 * i + 1], self.scalings[i], bias,
+                                          q_scale=q_scale)
             outputs += [new_k, new_v]
         return (self._head(x), *outputs)
 
@@ -110,6 +112,10 @@ class Decoder(nn.Module):
         if a.logit_softcap is not None:
             logits = torch.tanh(logits / a.logit_softcap) * a.logit_softcap
         return logits
+
+    def _q_scale(self, position_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+        scale = self.adapter.q_position_scale
+        return None if scale is None else log_position_scale(position_ids, *scale, dtype)
 
     def _init_moe(self, source: str) -> None:
         """Mixture-of-experts layers (moe.py): dense, or in the `ort` flavour ONNX Runtime's
@@ -148,7 +154,8 @@ class Decoder(nn.Module):
                               f"(ONNX Runtime's GroupQueryAttention refuses others at run time); "
                               f"this model's is {self.heads.head_dim}. ---> HINT: export with "
                               f"--graph standard.")
-        self.ort_rotary = (len(self.ropes) > 0 and a.q_norm is None and all(
+        self.ort_rotary = (len(self.ropes) > 0 and a.q_norm is None
+                           and a.q_position_scale is None and all(
             r.rotary_dim == self.heads.head_dim and not r.interleaved for r in self.ropes.values()))
         self.ort_caches: dict[str, tuple[str, str]] = {}    # rope key -> buffer names
         for key, rope in (self.ropes.items() if self.ort_rotary else ()):
@@ -159,9 +166,9 @@ class Decoder(nn.Module):
             self.ort_caches[key] = names
         self.register_buffer("no_cache", torch.zeros(1, 1), persistent=False)
         # q, k, v as one packed projection (three MatMuls -> one) where nothing sits between
-        # the projection and the kernel: no q/k norm or clip, RoPE in the kernel or none there
-        direct = [a.q_norm is None and a.qkv_clip is None and (self.ort_rotary or key is None)
-                  for key in self.rope_keys]
+        # the projection and the kernel: no q/k norm, clip or q scale, RoPE in the kernel or none
+        direct = [a.q_norm is None and a.qkv_clip is None and a.q_position_scale is None
+                  and (self.ort_rotary or key is None) for key in self.rope_keys]
         self.packed = nn.ModuleList(_packed_qkv(get_path(layer, a.attn), a) if d else nn.Identity()
                                     for layer, d in zip(self.layers, direct))
 
@@ -171,6 +178,7 @@ class Decoder(nn.Module):
         total_len = (last.max() + 1).to(torch.int32)
         tables = {} if self.ort_rotary else {
             key: rope.tables(position_ids, x.dtype) for key, rope in self.ropes.items()}
+        q_scale = self._q_scale(position_ids, x.dtype)
         outputs: list[torch.Tensor] = []
         for i in range(len(self.layers)):
             packed, key = self.packed[i], self.rope_keys[i]
@@ -182,13 +190,14 @@ class Decoder(nn.Module):
                              None if isinstance(packed, nn.Identity) else packed)
             x, cache_k, cache_v = self._layer(i, x, self._rope(i), tables.get(key),
                                               caches[2 * i], caches[2 * i + 1], self.scalings[i],
-                                              None, o)
+                                              None, o, q_scale)
             outputs += [cache_k, cache_v]
         return (self._head(x), *outputs)
 
     def _layer(self, i: int, x: torch.Tensor, rope: Rope | None, cos_sin,
                past_k: torch.Tensor, past_v: torch.Tensor, scaling: float,
-               bias: torch.Tensor | None, ort: OrtAttention | None = None):
+               bias: torch.Tensor | None, ort: OrtAttention | None = None,
+               q_scale: torch.Tensor | None = None):
         """One block: pre- or post-norm, sequential or parallel residual.
 
             sequential pre:  x += s·attn(norm(x));  x += s·mlp(mlp_norm(x))
@@ -205,7 +214,7 @@ class Decoder(nn.Module):
         mlp_norm = getattr(layer, a.mlp_norm) if a.mlp_norm is not None else None
         h = x if post else norm(x)
         attn_out, new_k, new_v = attention(get_path(layer, a.attn), a, self.heads, scaling, h,
-                                           rope, cos_sin, past_k, past_v, bias, ort)
+                                           rope, cos_sin, past_k, past_v, bias, ort, q_scale)
         if a.attn_out_norm is not None:
             attn_out = getattr(layer, a.attn_out_norm)(attn_out)
         if a.residual == "parallel":
@@ -251,8 +260,9 @@ def _ropes(model: nn.Module, a: Adapter, n_layers: int) -> tuple[nn.ModuleDict, 
     ropes = nn.ModuleDict()
     for prefix, key in zip(prefixes, keys):
         if key is not None and key not in ropes:
-            ropes[key] = Rope.from_base(*a.rope_base, a.rope_interleaved) if a.rope_base \
-                else Rope.from_module(rotary, prefix, a.rope_interleaved)
+            ropes[key] = Rope.from_base(*a.rope_base, a.rope_interleaved, a.rope_precision) \
+                if a.rope_base else Rope.from_module(rotary, prefix, a.rope_interleaved,
+                                                     a.rope_precision)
     return ropes, keys
 
 

@@ -103,7 +103,7 @@ def _olmo2(config: Any) -> Adapter:
     # projection (all heads at once)
     return Adapter(input_norm=None, attn_out_norm="post_attention_layernorm", mlp_norm=None,
                    mlp_out_norm="post_feedforward_layernorm", q_norm="q_norm", k_norm="k_norm",
-                   qk_norm_over="projection")
+                   qk_norm_over="projection", rope_precision="float32")
 
 
 def _smollm3(config: Any) -> Adapter:
@@ -155,8 +155,86 @@ def _cohere(config: Any) -> Adapter:
     # optional per-head q/k norms
     norms = bool(config.use_qk_norm)
     return Adapter(mlp_norm=None, residual="parallel", rope_interleaved=True,
+                   rope_precision="float32_rounded_tables",
                    q_norm="q_norm" if norms else None, k_norm="k_norm" if norms else None,
                    logit_scale=config.logit_scale)
+
+
+def _ministral(config: Any) -> Adapter:
+    # Llama with a sliding window on the layers layer_types names (all of them by default)
+    return Adapter()
+
+
+def _exaone4(config: Any) -> Adapter:
+    # OLMo 2's output norms with per-head q/k norms; with a sliding window, RoPE on the
+    # sliding layers only (the global layers have none), else on every layer
+    windowed = config.sliding_window is not None
+    return Adapter(input_norm=None, attn_out_norm="post_attention_layernorm", mlp_norm=None,
+                   mlp_out_norm="post_feedforward_layernorm", q_norm="q_norm", k_norm="k_norm",
+                   layer_rope=tuple("" if not windowed or t == "sliding_attention" else None
+                                    for t in config.layer_types[:config.num_hidden_layers]))
+
+
+def _glm(config: Any) -> Adapter:
+    # GLM-4 (0414): interleaved RoPE on the first half of each head (partial_rotary_factor)
+    return Adapter(rope_interleaved=True)
+
+
+def _glm4(config: Any) -> Adapter:
+    # GLM's attention and RoPE, with norms on the attention and MLP outputs as well
+    return Adapter(rope_interleaved=True, attn_out_norm="post_self_attn_layernorm",
+                   mlp_out_norm="post_mlp_layernorm")
+
+
+def _olmo(config: Any) -> Adapter:
+    # Llama with parameter-free LayerNorms and optional q/k/v clipping; RoPE in float32
+    return Adapter(qkv_clip=config.clip_qkv, rope_precision="float32")
+
+
+def _olmo3(config: Any) -> Adapter:
+    # OLMo 2 with sliding-window layers, and a RoPE table per layer type (like Gemma 3)
+    return Adapter(input_norm=None, attn_out_norm="post_attention_layernorm", mlp_norm=None,
+                   mlp_out_norm="post_feedforward_layernorm", q_norm="q_norm", k_norm="k_norm",
+                   qk_norm_over="projection", rope_precision="float32",
+                   layer_rope=tuple(f"{t}_" for t in config.layer_types[:config.num_hidden_layers]))
+
+
+def _cohere2(config: Any) -> Adapter:
+    # Command R7B / A: Cohere's parallel block; RoPE on the sliding layers only
+    rope = tuple("" if t == "sliding_attention" and config.sliding_window else None
+                 for t in config.layer_types[:config.num_hidden_layers])
+    return Adapter(mlp_norm=None, residual="parallel", rope_interleaved=True, layer_rope=rope,
+                   rope_precision="float32_rounded_tables", logit_scale=config.logit_scale)
+
+
+def _vaultgemma(config: Any) -> Adapter:
+    # Gemma 2 without the norms on the attention and MLP outputs
+    return Adapter(mlp_norm="pre_feedforward_layernorm",
+                   attn_softcap=config.attn_logit_softcapping,
+                   logit_softcap=config.final_logit_softcapping)
+
+
+def _ernie4_5(config: Any) -> Adapter:
+    # Llama with interleaved RoPE, rotated in float32
+    return Adapter(rope_interleaved=True, rope_precision="float32")
+
+
+def _hunyuan_dense(config: Any) -> Adapter:
+    # per-head q/k norms applied after RoPE
+    return Adapter(q_norm="query_layernorm", k_norm="key_layernorm", qk_norm_after_rope=True)
+
+
+def _ministral3(config: Any) -> Adapter:
+    # Mistral with Llama 4's attention temperature: queries scaled up, by the log of how many
+    # original contexts (original_max_position_embeddings) lie before their position
+    rope = config.rope_parameters or {}
+    beta, period = rope.get("llama_4_scaling_beta"), rope.get("original_max_position_embeddings")
+    if beta is None or not period:
+        raise ConfigError("Ministral 3 scales its queries by rope_parameters' "
+                          "llama_4_scaling_beta and original_max_position_embeddings, which this "
+                          f"config lacks (rope_parameters: {rope}). ---> HINT: set both, as "
+                          "Mistral's checkpoints do.")
+    return Adapter(q_position_scale=(float(beta), int(period)))
 
 
 DENSE = {
@@ -174,6 +252,18 @@ DENSE = {
     "GPTBigCodeForCausalLM": _gpt_bigcode,
     "GPTJForCausalLM": _gptj,
     "CohereForCausalLM": _cohere,
+    "MinistralForCausalLM": _ministral,
+    "Exaone4ForCausalLM": _exaone4,
+    "Glm4ForCausalLM": _glm4,
+    "GlmForCausalLM": _glm,
+    "Ernie4_5ForCausalLM": _ernie4_5,
+    "Olmo3ForCausalLM": _olmo3,
+    "OlmoForCausalLM": _olmo,
+    "SeedOssForCausalLM": _llama,
+    "Cohere2ForCausalLM": _cohere2,
+    "VaultGemmaForCausalLM": _vaultgemma,
+    "HunYuanDenseV1ForCausalLM": _hunyuan_dense,
+    "Ministral3ForCausalLM": _ministral3,
 }
 
 

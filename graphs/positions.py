@@ -1,5 +1,5 @@
 """Position schemes done in the graph: rotary (RoPE, full or partial, rotate-half or
-interleaved) and ALiBi.
+interleaved), ALiBi and a per-position query scale.
 
 RoPE tables come from the Hugging Face rotary module (inv_freq, attention_scaling), so
 linear / llama3 / yarn scaling is what Hugging Face computed at load time. Learned
@@ -12,38 +12,49 @@ import math
 import torch
 from torch import nn
 
+from .adapters import RopePrecision
+
 
 class Rope(nn.Module):
     """cos/sin tables for absolute positions; rotates the first R = 2·len(inv_freq) dims.
 
     Rotate-half pairs dim j with j + R/2 (Llama); interleaved pairs 2j with 2j + 1 (GPT-J,
-    Cohere). Both use frequency inv_freq[j] for pair j.
+    Cohere). Both use frequency inv_freq[j] for pair j. The precision is where a float16
+    model rotates: in its own dtype (Llama), in float32 from float32 cos/sin (OLMo, ERNIE
+    4.5), or in float32 from cos/sin rounded to its dtype first (Cohere); q and k come back
+    in the model's dtype.
     """
 
-    def __init__(self, inv_freq: torch.Tensor, scale: float = 1.0,
-                 interleaved: bool = False) -> None:
+    def __init__(self, inv_freq: torch.Tensor, scale: float = 1.0, interleaved: bool = False,
+                 precision: RopePrecision = "model") -> None:
         super().__init__()
         self.register_buffer("inv_freq", inv_freq.detach().float().clone(), persistent=False)
         self.scale = scale
         self.interleaved = interleaved
+        self.precision = precision
         self.rotary_dim = 2 * self.inv_freq.numel()
 
     @classmethod
-    def from_module(cls, rotary: nn.Module, prefix: str = "", interleaved: bool = False) -> Rope:
+    def from_module(cls, rotary: nn.Module, prefix: str = "", interleaved: bool = False,
+                    precision: RopePrecision = "model") -> Rope:
         """From a Hugging Face rotary module's `{prefix}inv_freq` and `{prefix}attention_scaling`
         (Gemma 3 keeps one pair per layer type: prefix "sliding_attention_")."""
         # the load-time frequencies, even if a long forward pass has since changed inv_freq
         inv_freq = getattr(rotary, f"{prefix}original_inv_freq", None)
         inv_freq = getattr(rotary, f"{prefix}inv_freq") if inv_freq is None else inv_freq
-        return cls(inv_freq, float(getattr(rotary, f"{prefix}attention_scaling", 1.0)), interleaved)
+        return cls(inv_freq, float(getattr(rotary, f"{prefix}attention_scaling", 1.0)), interleaved,
+                   precision)
 
     @classmethod
-    def from_base(cls, base: float, rotary_dim: int, interleaved: bool = False) -> Rope:
+    def from_base(cls, base: float, rotary_dim: int, interleaved: bool = False,
+                  precision: RopePrecision = "model") -> Rope:
         """base^(-2j/R), computed as Hugging Face does, for models that keep no inv_freq."""
         exponent = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
-        return cls(1.0 / (base ** exponent), 1.0, interleaved)
+        return cls(1.0 / (base ** exponent), 1.0, interleaved, precision)
 
     def tables(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        if self.precision == "float32":
+            dtype = torch.float32
         freqs = position_ids[..., None].float() * self.inv_freq     # (B, T, R/2)
         if self.interleaved:
             emb = torch.repeat_interleave(freqs, 2, dim=-1)         # (B, T, R): f0 f0 f1 f1 ..
@@ -55,11 +66,24 @@ class Rope(nn.Module):
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x (B, T, n, D): RoPE on x[..., :R], the rest passes through."""
+        if self.precision != "model":                               # in float32, rounded back
+            return self._rotate(x.float(), cos, sin).to(x.dtype)
+        return self._rotate(x, cos, sin)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         rotate = _rotate_pairs if self.interleaved else _rotate_half
         if self.rotary_dim == x.shape[-1]:
             return x * cos + rotate(x) * sin
         rot, rest = x[..., :self.rotary_dim], x[..., self.rotary_dim:]
         return torch.cat((rot * cos + rotate(rot) * sin, rest), dim=-1)
+
+
+def log_position_scale(position_ids: torch.Tensor, beta: float, period: int,
+                       dtype: torch.dtype) -> torch.Tensor:
+    """Llama 4's attention temperature: 1 + beta·log(1 + floor(position / period)) per query
+    position, (B, T) -> (B, T, 1, 1); 1 below the first period."""
+    scale = 1 + beta * torch.log(1 + torch.floor(position_ids / period))
+    return scale.to(dtype)[:, :, None, None]
 
 
 def alibi_slopes(num_heads: int, bfloat16: bool = True) -> torch.Tensor:

@@ -43,6 +43,10 @@ NEWER = ("gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm
 MOE = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
 # legacy and misc families (tiny.LEGACY) that brought a new mechanism: a truncated draft each
 LEGACY_CUT = ("gpt_neo", "bloom", "codegen")
+# dense families added after them (HunYuan and Ministral 3, with new mechanisms, get drafts)
+LATER_DENSE = ("ministral", "exaone4", "glm4", "glm", "ernie4_5", "hunyuan", "olmo3", "olmo",
+               "seed_oss", "cohere2", "vaultgemma", "ministral3")
+LATER_DENSE_CUT = ("hunyuan", "ministral3")
 
 
 @pytest.fixture(scope="session")
@@ -72,8 +76,10 @@ def models(tmp_path_factory) -> dict[str, Path]:
         m[kind] = tiny.build_model(root / kind, kind, tok, seed=seed)
     for name in LEGACY_CUT:
         m[f"{name}_cut"] = tiny.truncate(m[name], root / f"{name}_cut", 1, tok)
+    for seed, kind in enumerate(LATER_DENSE, start=100):
+        m[kind] = tiny.build_model(root / kind, kind, tok, seed=seed)
     for name in ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2",
-                 "gpt_neox", "opt", "falcon", "falcon_alibi", *NEWER, *MOE):
+                 "gpt_neox", "opt", "falcon", "falcon_alibi", *NEWER, *MOE, *LATER_DENSE_CUT):
         m[f"{name}_cut"] = tiny.truncate(m[name], root / f"{name}_cut", 1, tok)
     return m
 

@@ -42,9 +42,15 @@ def build_tokenizer(folder: Path):
 FALCON_ALIBI = dict(alibi=True, multi_query=False, parallel_attn=False, num_attention_heads=16)
 KINDS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2", "gpt_neox", "opt",
          "falcon", "gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm",
-         "gpt_bigcode", "gptj", "cohere", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
+         "gpt_bigcode", "gptj", "cohere", "ministral", "exaone4", "glm4", "glm", "ernie4_5",
+         "hunyuan", "olmo3", "olmo", "seed_oss", "cohere2", "vaultgemma", "ministral3",
+         "qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
 LEGACY = ("nemotron", "arcee", "helium", "apertus", "gpt_neo", "bloom", "mpt", "codegen")
 KINDS += LEGACY
+# a sliding window shorter than parity's prompt on the first of two layers
+SLIDING_FULL = dict(sliding_window=8, layer_types=["sliding_attention", "full_attention"])
+# kinds whose fixture models get norm weights other than ones (see randomise_norms)
+RANDOM_NORMS = ("hunyuan",)
 # mixture of experts: 4 experts of 32, 2 per token
 MOE = dict(num_experts_per_tok=2)
 
@@ -99,6 +105,33 @@ def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra
                                     n_layer=layers, n_head=4, n_inner=2 * hidden, rotary_dim=8,
                                     initializer_range=0.25, **ids)),
         "cohere": ("CohereConfig", {**llama_like, "logit_scale": 0.25}),
+        # a sliding then a full layer (Ministral, EXAONE 4, OLMo 3, Command R7B, VaultGemma)
+        "ministral": ("MinistralConfig", {**llama_like, **SLIDING_FULL, "head_dim": hidden // 4}),
+        # ... the full layer without RoPE
+        "exaone4": ("Exaone4Config", {**llama_like, "sliding_window": 8,
+                                      "sliding_window_pattern": 2}),
+        # interleaved RoPE on half of each head, q/k/v biases
+        "glm4": ("Glm4Config", {**llama_like, "head_dim": hidden // 4}),
+        "glm": ("GlmConfig", {**llama_like, "head_dim": hidden // 4}),
+        "ernie4_5": ("Ernie4_5Config", {**llama_like, "head_dim": hidden // 4, "use_bias": True}),
+        # NTK-alpha RoPE, as every HunYuan checkpoint has it (labelled "dynamic", yet static)
+        "hunyuan": ("HunYuanDenseV1Config", {**llama_like, "head_dim": hidden // 4,
+                                             "rope_parameters": {
+            "rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0, "factor": 1.0}}),
+        # each layer type with its own RoPE base
+        "olmo3": ("Olmo3Config", {**llama_like, **SLIDING_FULL, "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 1e6}}}),
+        # queries scaled up past each 8 positions (original_max_position_embeddings)
+        "ministral3": ("Ministral3Config", {**llama_like, "head_dim": hidden // 4,
+                                            "rope_parameters": {
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 32.0,
+            "original_max_position_embeddings": 8, "llama_4_scaling_beta": 0.5}}),
+        "olmo": ("OlmoConfig", {**llama_like, "clip_qkv": 1.0}),
+        "seed_oss": ("SeedOssConfig", {**llama_like, "head_dim": hidden // 4}),
+        "cohere2": ("Cohere2Config", {**llama_like, **SLIDING_FULL, "logit_scale": 0.25}),
+        "vaultgemma": ("VaultGemmaConfig", {**llama_like, **SLIDING_FULL, "head_dim": hidden // 4,
+                                            "query_pre_attn_scalar": hidden // 4}),
         # an MoE layer then a dense one (mlp_only_layers), top-2 renormalised
         "qwen3_moe": ("Qwen3MoeConfig", {**llama_like, **MOE, "head_dim": hidden // 4,
                                          "num_experts": 4, "moe_intermediate_size": 32,
@@ -147,8 +180,19 @@ def build_model(folder: Path, kind: str, tokenizer, seed: int, **config_extra) -
     torch.manual_seed(seed)
     config = config_for(kind, len(tokenizer), **config_extra)
     model = AutoModelForCausalLM.from_config(config).eval()
+    if kind in RANDOM_NORMS:
+        randomise_norms(model)
     _save(model, tokenizer, folder)
     return folder
+
+
+def randomise_norms(model) -> None:
+    """Norm weights drawn from [0.5, 1.5] instead of ones: a per-head RMSNorm with unit weights
+    commutes with RoPE, which would hide where a family applies it."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name and param.dim() == 1:
+                param.uniform_(0.5, 1.5)
 
 
 def truncate(source: Path, folder: Path, layers: int, tokenizer) -> Path:

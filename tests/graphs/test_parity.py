@@ -24,7 +24,13 @@ CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
          "stablelm": "StableLmForCausalLM", "gpt_bigcode": "GPTBigCodeForCausalLM",
          "gptj": "GPTJForCausalLM", "cohere": "CohereForCausalLM",
          "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-         "mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM"}
+         "mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM",
+         "ministral": "MinistralForCausalLM", "exaone4": "Exaone4ForCausalLM",
+         "glm4": "Glm4ForCausalLM", "glm": "GlmForCausalLM", "ernie4_5": "Ernie4_5ForCausalLM",
+         "hunyuan": "HunYuanDenseV1ForCausalLM", "olmo3": "Olmo3ForCausalLM",
+         "olmo": "OlmoForCausalLM", "seed_oss": "SeedOssForCausalLM",
+         "cohere2": "Cohere2ForCausalLM", "vaultgemma": "VaultGemmaForCausalLM",
+         "ministral3": "Ministral3ForCausalLM"}
 # legacy and misc
 CASES.update({"nemotron": "NemotronForCausalLM", "arcee": "ArceeForCausalLM",
               "helium": "HeliumForCausalLM", "apertus": "ApertusForCausalLM",
@@ -74,6 +80,9 @@ VARIANTS = {
     "mixtral_gelu": ("mixtral", {"hidden_act": "gelu"}, MAX_CONTEXT),
     "mpt_clip_qkv": ("mpt", {"attn_config": {"clip_qkv": 0.5, "softmax_scale": 0.2}},
                      MAX_CONTEXT),
+    # EXAONE 4 without a sliding window: RoPE on every layer
+    "exaone4_no_window": ("exaone4", {"sliding_window": None,
+                                      "layer_types": ["full_attention"] * 2}, MAX_CONTEXT),
 }
 
 
@@ -257,7 +266,8 @@ def test_sliding_window_is_exercised(models):
     """The sliding-window fixtures' windows are shorter than parity's longest sequence."""
     from transformers import AutoConfig
 
-    for name in ("mistral", "gemma2", "gemma3", "starcoder2"):
+    for name in ("mistral", "gemma2", "gemma3", "starcoder2", "ministral", "exaone4", "olmo3",
+                 "cohere2", "vaultgemma"):
         assert AutoConfig.from_pretrained(models[name]).sliding_window < 24
     gpt_neo = AutoConfig.from_pretrained(models["gpt_neo"])        # a global and a local layer
     assert gpt_neo.window_size < 24 and set(gpt_neo.attention_layers) == {"global", "local"}
@@ -285,6 +295,14 @@ def test_bloom_residual_after_the_norms_is_refused():
     with pytest.raises(ConfigError, match=r"apply_residual_connection_post_layernorm=True .*not "
                                           r"supported"):
         REGISTRY["BloomForCausalLM"](config)
+
+
+def test_ministral3_without_its_query_scale_is_refused():
+    config = tiny.config_for("ministral3", tiny.VOCAB,
+                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    with pytest.raises(ConfigError, match=r"llama_4_scaling_beta and "
+                                          r"original_max_position_embeddings.*---> HINT"):
+        REGISTRY["Ministral3ForCausalLM"](config)
 
 
 def test_moe_runs_dense_in_plain_onnx_and_on_the_kernel_in_the_ort_flavour(exported,
@@ -344,3 +362,27 @@ def test_unsupported_moe_variants_are_refused(exported, change, match):
         if change == "router_bias":
             del block.gate.bias
         block.experts.has_bias = False
+
+
+@pytest.mark.parametrize("kind", ["olmo", "ernie4_5", "cohere2"])
+def test_float16_rope_is_computed_where_hugging_face_computes_it(kind):
+    """OLMo and ERNIE 4.5 rotate in float32 from float32 cos/sin, Cohere in float32 from cos/sin
+    rounded to float16: the wrapper's layer-0 keys in float16 equal Hugging Face's bit for bit
+    (rotating in float16 differs in the last bits)."""
+    from transformers import AutoModelForCausalLM
+
+    from ssd_graphs.decoder import Decoder
+    from ssd_graphs.registry import adapter_for
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny.config_for(kind, tiny.VOCAB),
+                                             attn_implementation="eager").eval().half()
+    decoder = Decoder(model, adapter_for(model, kind)).eval()
+    ids = torch.randint(3, tiny.VOCAB, (1, 20))
+    past = [torch.zeros(1, 0, decoder.num_kv_heads, decoder.head_dim, dtype=torch.float16)] * (
+        2 * len(decoder.layers))
+    with torch.no_grad():
+        keys = decoder(ids, torch.arange(20)[None], *past)[1]             # (1, 20, Hkv, D)
+        ref = model(ids, use_cache=True)["cache"].layers[0].keys          # (1, Hkv, S, D)
+    ref = ref.transpose(1, 2)                 # a sliding layer keeps only its last rows
+    assert torch.equal(keys[:, -ref.shape[1]:], ref)

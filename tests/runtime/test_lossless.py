@@ -30,6 +30,8 @@ PAIRS += [(name, f"{name}_cut") for name in ("qwen3_moe", "qwen2_moe", "mixtral"
 # BLOOM: ALiBi added unscaled, a norm on the embeddings, so the standard graph; CodeGen: q, v, k
 # fused in blocks)
 PAIRS += [(name, f"{name}_cut") for name in ("gpt_neo", "bloom", "codegen")]
+# q/k norms after RoPE (HunYuan), queries scaled by position (Ministral 3)
+PAIRS += [(name, f"{name}_cut") for name in ("hunyuan", "ministral3")]
 
 # The pairs above run in the graph flavour ssd-export writes by default here ("ort" where it
 # fits; ALiBi stays standard); these run in the standard graph that GPU bundles carry too.
