@@ -13,16 +13,19 @@ from typing import Any, Literal
 Positions = Literal["rope", "learned", "alibi"]
 QkvLayout = Literal["split", "grouped"]
 QkNormOver = Literal["head", "heads_first", "projection"]
+Scoring = Literal["softmax", "sigmoid"]
 
 
 @dataclass(frozen=True)
 class MoeSpec:
     """A sparse mixture-of-experts block in place of the MLP on some layers (moe.py computes it).
 
-    Paths are from the layer's `block` module. The router is a bias-free linear map to one
-    logit per expert, followed by softmax (in float32), top-k and, if `renormalise`, the k
-    weights divided by their sum. The experts keep fused weights: `gate_up_proj`
-    (E, 2I, H) as [gate; up] and `down_proj` (E, H, I), expert e computing
+    Paths are from the layer's `block` module (None: the layer itself). The router is a
+    linear map to one logit per expert; `scoring` turns logits into scores (in float32),
+    top-k over the scores (plus a selection-only bias, within the best groups if grouped)
+    picks the experts, and their scores are the weights: divided by their sum if
+    `renormalise`, then times `routed_scale`. The experts keep fused weights:
+    `gate_up_proj` (E, 2I, H) as [gate; up] and `down_proj` (E, H, I), expert e computing
     down_e · (act(gate_e · h) * (up_e · h)) with the experts module's own `act_fn`.
     """
 
@@ -30,13 +33,22 @@ class MoeSpec:
     top_k: int
     renormalise: bool
     activation: str                       # config.hidden_act (ONNX Runtime's kernel: silu only)
-    block: str = "mlp"
+    block: str | None = "mlp"
     router: str = "gate"
     experts: str = "experts"
     float_weights: bool = False           # routing weights stay float32 (Mixtral); else the
                                           # model's dtype, as Qwen and OLMoE round them
     shared_expert: str | None = None      # a dense MLP every token goes through (Qwen2-MoE) ...
     shared_gate: str | None = None        # ... times sigmoid(shared_gate(h)), a Linear H -> 1
+    scoring: Scoring = "softmax"          # scores from the router's logits
+    router_fp32: bool = False             # logits from float32 h and weights (DeepSeek V3)
+    choice_bias: str | None = None        # a per-expert bias (E,) added to the scores for
+                                          # choosing only (e_score_correction_bias)
+    groups: int = 1                       # experts in n equal groups; only the best
+    topk_groups: int = 1                  # topk_groups groups are eligible, a group scoring
+    group_score_top: int = 1              # the sum of its best group_score_top choice scores
+    renorm_floor: float = 0.0             # the renormalising sum clamped to at least this
+    routed_scale: float = 1.0             # times the routed weights (routed_scaling_factor)
 
 
 @dataclass(frozen=True)

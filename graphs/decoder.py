@@ -20,7 +20,7 @@ from torch import nn
 
 from .adapters import Adapter, get_path, sliding_windows
 from .attention import Heads, OrtAttention, attention, causal_mask
-from .moe import check_moe, cost_note, interleaved_gate_up, moe, uses_kernel
+from .moe import check_moe, cost_note, interleaved_gate_up, moe, moe_block, uses_kernel
 from .positions import Rope, alibi_bias, alibi_slopes
 
 
@@ -114,7 +114,7 @@ class Decoder(nn.Module):
             return
         self.moe_note = cost_note(spec, check_moe(self.layers, spec, source), ort)
         for i in spec.layers if self.moe_kernel else ():
-            fc1 = interleaved_gate_up(getattr(self.layers[i], spec.block), spec)
+            fc1 = interleaved_gate_up(moe_block(self.layers[i], spec), spec)
             self.register_buffer(f"moe_fc1_{i}", fc1, persistent=False)
 
     def _rope(self, i: int) -> Rope | None:
@@ -215,7 +215,7 @@ class Decoder(nn.Module):
         a, layer = self.adapter, self.layers[i]
         if i in self.moe_layers:
             fc1 = getattr(self, f"moe_fc1_{i}") if self.moe_kernel else None
-            h = moe(getattr(layer, a.moe.block), a.moe, h, fc1)
+            h = moe(moe_block(layer, a.moe), a.moe, h, fc1)
         else:
             for name in a.mlp:
                 h = getattr(layer, name)(h)

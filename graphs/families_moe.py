@@ -43,9 +43,25 @@ def _olmoe(config: Any) -> Adapter:
                        activation=config.hidden_act))
 
 
+def _granite_moe(config: Any) -> Adapter:
+    # Granite's multipliers (families._granite) around a Mixtral-style block; its router takes
+    # the softmax of the top-k logits, which is the renormalised top-k of the softmax
+    # GraniteMoeShared adds a dense MLP on the layer (not in the block) summed with it
+    shared = "shared_mlp" if getattr(config, "shared_intermediate_size", 0) else None
+    return Adapter(embed_scale=config.embedding_multiplier,
+                   residual_scale=config.residual_multiplier,
+                   logit_scale=1.0 / config.logits_scaling, moe=MoeSpec(
+                       layers=tuple(range(config.num_hidden_layers)),
+                       top_k=config.num_experts_per_tok, renormalise=True,
+                       activation=config.hidden_act, block=None, router="block_sparse_moe.router",
+                       experts="block_sparse_moe.experts", shared_expert=shared))
+
+
 MOE = {
     "Qwen3MoeForCausalLM": _qwen3_moe,
     "Qwen2MoeForCausalLM": _qwen2_moe,
     "MixtralForCausalLM": _mixtral,
     "OlmoeForCausalLM": _olmoe,
+    "GraniteMoeForCausalLM": _granite_moe,
+    "GraniteMoeSharedForCausalLM": _granite_moe,
 }

@@ -21,7 +21,7 @@ def check_moe(layers: nn.ModuleList, spec: MoeSpec, source: str) -> int:
     a bias-free router and fused, gated, bias-free experts; else a ConfigError."""
     counts = set()
     for i in spec.layers:
-        block = get_path(layers[i], spec.block)
+        block = moe_block(layers[i], spec)
         router, experts = get_path(block, spec.router), get_path(block, spec.experts)
         where = f"{source}: layer {i}'s mixture-of-experts block"
         weight = getattr(router, "weight", None)
@@ -29,7 +29,7 @@ def check_moe(layers: nn.ModuleList, spec: MoeSpec, source: str) -> int:
                 or getattr(router, "bias", None) is not None:
             raise ConfigError(f"{where} has a router ({type(router).__name__}) that is not a "
                               f"bias-free linear map to one logit per expert; ssd-export "
-                              f"reproduces only softmax-then-top-k routing over such logits.")
+                              f"reproduces only top-k routing over such logits.")
         gate_up, down = (getattr(experts, n, None) for n in ("gate_up_proj", "down_proj"))
         layout = {"has_gate": True, "has_bias": False, "is_transposed": False,
                   "is_concatenated": True, "has_post_expert_norm": False}
@@ -48,6 +48,11 @@ def check_moe(layers: nn.ModuleList, spec: MoeSpec, source: str) -> int:
                               f"logit per expert.")
         if spec.shared_expert is not None and get_path(block, spec.shared_expert) is None:
             raise ConfigError(f"{where} has no shared expert {spec.shared_expert!r}.")
+        if spec.groups > 1 and (E % spec.groups or not 1 <= spec.topk_groups <= spec.groups
+                                or spec.topk_groups * E // spec.groups < spec.top_k):
+            raise ConfigError(f"{where} routes within the best {spec.topk_groups} of "
+                              f"{spec.groups} groups of its {E} experts to the top {spec.top_k}; "
+                              f"expected equal groups holding at least top_k experts.")
         counts.add(E)
     if len(counts) > 1:
         raise ConfigError(f"{source}: its mixture-of-experts layers have different numbers of "
@@ -55,26 +60,31 @@ def check_moe(layers: nn.ModuleList, spec: MoeSpec, source: str) -> int:
     return counts.pop() if counts else 0
 
 
+def moe_block(layer: nn.Module, spec: MoeSpec) -> nn.Module:
+    """The module the spec's paths start from: the layer's `block`, or the layer itself."""
+    return layer if spec.block is None else get_path(layer, spec.block)
+
+
 def moe(block: nn.Module, spec: MoeSpec, h: torch.Tensor,
         kernel_fc1: torch.Tensor | None = None) -> torch.Tensor:
     """h (B, T, H) -> the block's output (B, T, H): dense, or on ONNX Runtime's MoE kernel when
     `kernel_fc1` (interleaved_gate_up) is given.
 
-        h ─┬─ router ─ softmax ─ top-k [─ / sum] ─ dense weights (N, E) ─┐
+        h ─┬─ router ─ scores ─ top-k [─ / sum] [· scale] ─ dense weights (N, E) ─┐
            ├─ every expert: down · (act(gate · h) * (up · h)) (E, N, H) ─ Σ_e w·out ─┐
            └─ [shared expert · sigmoid(shared_gate · h)] ───────────────────────────── + ─
     """
     B, T, H = h.shape
     x = h.reshape(B * T, H)                                         # (N, H)
     experts = get_path(block, spec.experts)
-    logits = torch.matmul(x, get_path(block, spec.router).weight.t())     # (N, E)
+    logits = router_logits(get_path(block, spec.router), spec, x)   # (N, E)
     if kernel_fc1 is not None:
         from .ort_ops import moe_kernel
 
         out = moe_kernel(x, logits, kernel_fc1, experts.down_proj, spec.top_k,
                          int(spec.renormalise))
     else:
-        weights = routing_weights(logits, spec)                     # (N, E)
+        weights = routing_weights(logits, spec, block)              # (N, E)
         if not spec.float_weights:
             weights = weights.to(x.dtype)
         gate, up = torch.matmul(x, experts.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)
@@ -88,14 +98,42 @@ def moe(block: nn.Module, spec: MoeSpec, h: torch.Tensor,
     return out.view(B, T, H)
 
 
-def routing_weights(logits: torch.Tensor, spec: MoeSpec) -> torch.Tensor:
-    """(N, E) logits -> (N, E) float32 weights: each token's top-k softmax probabilities
-    (renormalised to sum to 1 if the spec says so) in their experts' columns, zero elsewhere."""
-    probs = torch.softmax(logits.float(), dim=-1)
-    top, index = torch.topk(probs, spec.top_k, dim=-1)              # (N, k)
+def router_logits(router: nn.Module, spec: MoeSpec, x: torch.Tensor) -> torch.Tensor:
+    """x (N, H) -> (N, E): the router's linear map, in float32 if the spec says so."""
+    weight = router.weight
+    if spec.router_fp32:
+        x, weight = x.float(), weight.float()
+    return torch.matmul(x, weight.t())
+
+
+def routing_weights(logits: torch.Tensor, spec: MoeSpec, block: nn.Module) -> torch.Tensor:
+    """(N, E) logits -> (N, E) float32 weights: each token's top-k scores (renormalised,
+    scaled) in their experts' columns, zero elsewhere.
+
+        scores = softmax or sigmoid(logits); choice = scores [+ bias] [outside the best
+        groups: -inf]; the k best choices pick the experts, their scores are the weights
+    """
+    N, E = logits.shape
+    scores = torch.softmax(logits.float(), dim=-1) if spec.scoring == "softmax" \
+        else torch.sigmoid(logits.float())                          # (N, E)
+    choice = scores
+    if spec.choice_bias is not None:
+        choice = choice + get_path(block, spec.choice_bias).float().reshape(E)
+    if spec.groups > 1:
+        grouped = choice.view(N, spec.groups, E // spec.groups)     # (N, n, E/n)
+        group_scores = grouped.topk(spec.group_score_top, dim=-1)[0].sum(dim=-1)  # (N, n)
+        best = torch.topk(group_scores, spec.topk_groups, dim=-1)[1]  # (N, topk_groups)
+        eligible = (best[:, :, None] == torch.arange(spec.groups)).any(dim=1)   # (N, n)
+        eligible = eligible[:, :, None].expand(N, spec.groups, E // spec.groups).reshape(N, E)
+        choice = choice.masked_fill(~eligible, float("-inf"))
+    index = torch.topk(choice, spec.top_k, dim=-1)[1]               # (N, k)
+    top = scores.gather(1, index)
     if spec.renormalise:
-        top = top / top.sum(dim=-1, keepdim=True)
-    experts = torch.arange(logits.shape[-1], device=logits.device)
+        total = top.sum(dim=-1, keepdim=True)
+        top = top / (total.clamp(min=spec.renorm_floor) if spec.renorm_floor else total)
+    if spec.routed_scale != 1.0:
+        top = top * spec.routed_scale
+    experts = torch.arange(E, device=logits.device)
     picked = (index[:, :, None] == experts).to(top.dtype)           # (N, k, E) one-hot
     return (picked * top[:, :, None]).sum(dim=1)                    # one non-zero term per cell
 
@@ -109,9 +147,21 @@ def interleaved_gate_up(block: nn.Module, spec: MoeSpec) -> torch.Tensor:
 
 
 def uses_kernel(spec: MoeSpec) -> bool:
-    """Whether the `ort` flavour can use ONNX Runtime's MoE kernel: SiLU experts only (its
-    SwiGLU is silu(gate) * up with alpha 1 and beta 0)."""
-    return spec.activation == "silu"
+    """Whether the `ort` flavour can use ONNX Runtime's MoE kernel: softmax top-k routing with
+    nothing added (no selection bias, groups or scale) and SiLU experts (its SwiGLU is
+    silu(gate) * up with alpha 1 and beta 0)."""
+    return (spec.activation == "silu" and spec.scoring == "softmax" and spec.choice_bias is None
+            and spec.groups == 1 and spec.routed_scale == 1.0 and not spec.renorm_floor)
+
+
+def kernel_refusal(spec: MoeSpec) -> str:
+    """Why the `ort` flavour runs this block dense ('' where the kernel takes it)."""
+    if spec.activation != "silu":
+        return f"ONNX Runtime's MoE kernel takes SiLU experts, not {spec.activation}"
+    if not uses_kernel(spec):
+        return ("ONNX Runtime's MoE kernel routes by softmax top-k alone, not this model's "
+                "routing")
+    return ""
 
 
 def cost_note(spec: MoeSpec, num_experts: int, ort: bool) -> str:
@@ -119,7 +169,6 @@ def cost_note(spec: MoeSpec, num_experts: int, ort: bool) -> str:
     if ort and uses_kernel(spec):
         return (f"MoE on ONNX Runtime's MoE kernel: {spec.top_k} of {num_experts} experts run "
                 f"per token, as routed")
-    why = (f"ONNX Runtime's MoE kernel takes SiLU experts, not {spec.activation}" if ort
-           else "sparse routing does not trace to plain ONNX")
+    why = kernel_refusal(spec) if ort else "sparse routing does not trace to plain ONNX"
     return (f"MoE exported dense: all {num_experts} experts run for every token, "
             f"{num_experts / spec.top_k:g}x the routed experts' compute ({why})")

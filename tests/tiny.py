@@ -42,9 +42,12 @@ def build_tokenizer(folder: Path):
 FALCON_ALIBI = dict(alibi=True, multi_query=False, parallel_attn=False, num_attention_heads=16)
 KINDS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2", "gpt_neox", "opt",
          "falcon", "gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm",
-         "gpt_bigcode", "gptj", "cohere", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
+         "gpt_bigcode", "gptj", "cohere", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe",
+         "granitemoe", "granitemoeshared")
 # mixture of experts: 4 experts of 32, 2 per token
 MOE = dict(num_experts_per_tok=2)
+GRANITE = dict(embedding_multiplier=6.0, residual_multiplier=0.5, attention_multiplier=0.125,
+               logits_scaling=3.0)
 
 
 def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra):
@@ -83,9 +86,7 @@ def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra
                                         "sliding_window_pattern": 2,
                                         "query_pre_attn_scalar": hidden // 4}),
         "starcoder2": ("Starcoder2Config", {**llama_like, "sliding_window": 16}),
-        "granite": ("GraniteConfig", {**llama_like, "embedding_multiplier": 6.0,
-                                      "residual_multiplier": 0.5, "attention_multiplier": 0.125,
-                                      "logits_scaling": 3.0}),
+        "granite": ("GraniteConfig", {**llama_like, **GRANITE}),
         "olmo2": ("Olmo2Config", llama_like),
         "smollm3": ("SmolLM3Config", {**llama_like, "no_rope_layer_interval": 2}),  # RoPE, NoPE
         "phi": ("PhiConfig", {**plain, "intermediate_size": 2 * hidden, "initializer_range": 0.25}),
@@ -108,6 +109,12 @@ def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra
         "mixtral": ("MixtralConfig", {**llama_like, **MOE, "num_local_experts": 4,
                                       "intermediate_size": 32}),
         "olmoe": ("OlmoeConfig", {**llama_like, **MOE, "num_experts": 4, "intermediate_size": 32}),
+        # Granite's multipliers around the experts; the shared variant adds a dense MLP
+        "granitemoe": ("GraniteMoeConfig", {**llama_like, **MOE, **GRANITE, "num_local_experts": 4,
+                                            "intermediate_size": 32}),
+        "granitemoeshared": ("GraniteMoeSharedConfig", {
+            **llama_like, **MOE, **GRANITE, "num_local_experts": 4, "intermediate_size": 32,
+            "shared_intermediate_size": 48}),
     }
     if kind not in table:
         raise ValueError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")

@@ -24,7 +24,8 @@ CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
          "stablelm": "StableLmForCausalLM", "gpt_bigcode": "GPTBigCodeForCausalLM",
          "gptj": "GPTJForCausalLM", "cohere": "CohereForCausalLM",
          "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-         "mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM"}
+         "mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM",
+         "granitemoe": "GraniteMoeForCausalLM", "granitemoeshared": "GraniteMoeSharedForCausalLM"}
 
 _ROPE = {"rope_theta": 10000.0}
 # config variants built in memory: name -> (tiny kind, config overrides, max_context)
@@ -299,7 +300,7 @@ def test_qwen3_moe_mixes_dense_and_moe_layers(models):
 
 @pytest.mark.parametrize("change,match", [
     ("router_bias", r"layer 0's mixture-of-experts block has a router \(Qwen3MoeTopKRouter\) "
-                    r"that is not a bias-free linear map.*softmax-then-top-k"),
+                    r"that is not a bias-free linear map.*top-k routing"),
     ("experts_bias", r"layer 0's mixture-of-experts block stores its experts "
                      r"\(Qwen3MoeExperts: has_bias=True\) in a layout ssd-export does not"),
     ("top_k", r"routes to the top 5 of 4 logits over 4 experts"),
