@@ -26,7 +26,9 @@ class MoeSpec:
     picks the experts, and their scores are the weights: divided by their sum if
     `renormalise`, then times `routed_scale`. The experts keep fused weights:
     `gate_up_proj` (E, 2I, H) as [gate; up] and `down_proj` (E, H, I), expert e computing
-    down_e · (act(gate_e · h) * (up_e · h)) with the experts module's own `act_fn`.
+    down_e · (act(gate_e · h) * (up_e · h)) with the experts module's own `act_fn`; the
+    module's flags may say the weights are transposed (E, H, 2I) and (E, I, H), gate and up
+    interleaved, and biased (`gate_up_proj_bias`, `down_proj_bias`), and the router biased.
     """
 
     layers: tuple[int, ...]               # the layers whose MLP is this block (others: dense)
@@ -41,6 +43,7 @@ class MoeSpec:
     shared_expert: str | None = None      # a dense MLP every token goes through (Qwen2-MoE) ...
     shared_gate: str | None = None        # ... times sigmoid(shared_gate(h)), a Linear H -> 1
     scoring: Scoring = "softmax"          # scores from the router's logits
+    router_bias: bool = False             # the router's Linear adds its bias (GPT-OSS)
     router_fp32: bool = False             # logits from float32 h and weights (DeepSeek V3)
     choice_bias: str | None = None        # a per-expert bias (E,) added to the scores for
                                           # choosing only (e_score_correction_bias)
@@ -49,6 +52,9 @@ class MoeSpec:
     group_score_top: int = 1              # the sum of its best group_score_top choice scores
     renorm_floor: float = 0.0             # the renormalising sum clamped to at least this
     routed_scale: float = 1.0             # times the routed weights (routed_scaling_factor)
+    swiglu: tuple[float, float, float] | None = None  # (alpha, beta, limit): experts compute
+                                          # clamp(g, max=limit)·σ(alpha·that)·(clamp(u, ±limit)
+                                          # + beta) instead of act(g)·u (GPT-OSS)
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,8 @@ class Adapter:
     logit_scale: float = 1.0              # times the logits (Cohere; Granite's 1/logits_scaling)
     qkv_clip: float | None = None         # q, k, v clamped to ±clip after the q/k norms (OLMoE)
     scores_fp32: bool = False             # q·k computed in float32 (GPT-J: float16 overflows)
+    attn_sinks: str | None = None         # per-head logits (H,) that join each softmax as one
+                                          # more key without a value (GPT-OSS's sinks)
     reference_attn: str | None = None     # attention implementation parity compares against
     moe: MoeSpec | None = None            # mixture-of-experts layers
 

@@ -51,7 +51,8 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
                   ├─ k ─ k_norm ─ rope ─ cat(past) ─ softmax(q·kᵀ·s [capped] + bias) · v ─ o
                   └─ v ──────────────── cat(past) ─┘
 
-    (OLMoE clamps q, k and v to ±qkv_clip after the norms.)
+    (OLMoE clamps q, k and v to ±qkv_clip after the norms; GPT-OSS's sinks join the
+    softmax as one more score per head.)
     """
     B, T, _ = h.shape
     Hkv, G, D = heads.num_kv_heads, heads.groups, heads.head_dim
@@ -78,7 +79,13 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
     scores = torch.matmul(qg, kt).float() * scaling                 # (B, Hkv, G, T, S)
     if a.attn_softcap is not None:
         scores = torch.tanh(scores / a.attn_softcap) * a.attn_softcap
-    probs = torch.softmax(scores + bias, dim=-1).to(h.dtype)
+    scores = scores + bias
+    if a.attn_sinks is not None:                                    # one more key, no value
+        sinks = getattr(attn, a.attn_sinks).float().view(1, Hkv, G, 1, 1)
+        scores = torch.cat((scores, sinks.expand(B, Hkv, G, T, 1)), dim=-1)  # (B,Hkv,G,T,S+1)
+        probs = torch.softmax(scores, dim=-1)[..., :-1].to(h.dtype)
+    else:
+        probs = torch.softmax(scores, dim=-1).to(h.dtype)
     vs = values.permute(0, 2, 1, 3)[:, :, None]                     # (B, Hkv, 1, S, D)
     out = torch.matmul(probs, vs)                                   # (B, Hkv, G, T, D)
     out = out.permute(0, 3, 1, 2, 4).reshape(B, T, Hkv * G * D)
@@ -109,6 +116,7 @@ def _ort_attention(attn, a: Adapter, heads: Heads, scaling: float, h, q, k, v, c
         *(x if x is None or x.dim() == 3 else x.reshape(B, T, -1) for x in (q, k, v)),
         cache_k, cache_v,
         o.seqlens_k, o.total_len, o.cos_cache, o.sin_cache, o.position_ids,
+        None if a.attn_sinks is None else getattr(attn, a.attn_sinks),
         heads.num_heads, heads.num_kv_heads, scaling, float(a.attn_softcap or 0.0), o.window,
         int(o.do_rotary))
     return getattr(attn, a.o)(out), cache_k, cache_v

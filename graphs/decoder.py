@@ -20,8 +20,11 @@ from torch import nn
 
 from .adapters import Adapter, get_path, sliding_windows
 from .attention import Heads, OrtAttention, attention, causal_mask
-from .moe import check_moe, cost_note, interleaved_gate_up, moe, moe_block, uses_kernel
+from .moe import check_moe, cost_note, kernel_weights, moe, moe_block, uses_kernel
 from .positions import Rope, alibi_bias, alibi_slopes
+
+
+_KERNEL_WEIGHTS = ("fc1", "fc1_bias", "fc2", "fc2_bias")     # moe.kernel_weights, per layer
 
 
 class Decoder(nn.Module):
@@ -114,8 +117,9 @@ class Decoder(nn.Module):
             return
         self.moe_note = cost_note(spec, check_moe(self.layers, spec, source), ort)
         for i in spec.layers if self.moe_kernel else ():
-            fc1 = interleaved_gate_up(moe_block(self.layers[i], spec), spec)
-            self.register_buffer(f"moe_fc1_{i}", fc1, persistent=False)
+            for name, w in zip(_KERNEL_WEIGHTS, kernel_weights(moe_block(self.layers[i], spec),
+                                                               spec)):
+                self.register_buffer(f"moe_{name}_{i}", w, persistent=False)
 
     def _rope(self, i: int) -> Rope | None:
         key = self.rope_keys[i]
@@ -214,8 +218,9 @@ class Decoder(nn.Module):
     def _mlp(self, i: int, h: torch.Tensor) -> torch.Tensor:
         a, layer = self.adapter, self.layers[i]
         if i in self.moe_layers:
-            fc1 = getattr(self, f"moe_fc1_{i}") if self.moe_kernel else None
-            h = moe(moe_block(layer, a.moe), a.moe, h, fc1)
+            kernel = tuple(getattr(self, f"moe_{name}_{i}") for name in _KERNEL_WEIGHTS) \
+                if self.moe_kernel else None
+            h = moe(moe_block(layer, a.moe), a.moe, h, kernel)
         else:
             for name in a.mlp:
                 h = getattr(layer, name)(h)

@@ -57,6 +57,16 @@ def _granite_moe(config: Any) -> Adapter:
                        experts="block_sparse_moe.experts", shared_expert=shared))
 
 
+def _gpt_oss(config: Any) -> Adapter:
+    # attention sinks, sliding and full layers in turn (layer_types), a biased router (softmax
+    # of the top-k logits) and biased, transposed experts with gate and up interleaved and a
+    # clamped SwiGLU: (clamp(up, ±limit) + 1) · g·σ(alpha·g), g = clamp(gate, max=limit)
+    return Adapter(attn_sinks="sinks", moe=MoeSpec(
+        layers=tuple(range(config.num_hidden_layers)), top_k=config.num_experts_per_tok,
+        renormalise=True, activation=config.hidden_act, router="router", router_bias=True,
+        swiglu=(config.swiglu_alpha, 1.0, config.swiglu_limit)))
+
+
 MOE = {
     "Qwen3MoeForCausalLM": _qwen3_moe,
     "Qwen2MoeForCausalLM": _qwen2_moe,
@@ -64,4 +74,5 @@ MOE = {
     "OlmoeForCausalLM": _olmoe,
     "GraniteMoeForCausalLM": _granite_moe,
     "GraniteMoeSharedForCausalLM": _granite_moe,
+    "GptOssForCausalLM": _gpt_oss,
 }

@@ -18,7 +18,8 @@ from .adapters import MoeSpec, get_path
 
 def check_moe(layers: nn.ModuleList, spec: MoeSpec, source: str) -> int:
     """The number of experts, after checking that every MoE layer is what moe() computes:
-    a bias-free router and fused, gated, bias-free experts; else a ConfigError."""
+    a linear router (biased only if the spec says so) and fused, gated experts; else a
+    ConfigError."""
     counts = set()
     for i in spec.layers:
         block = moe_block(layers[i], spec)
@@ -26,21 +27,28 @@ def check_moe(layers: nn.ModuleList, spec: MoeSpec, source: str) -> int:
         where = f"{source}: layer {i}'s mixture-of-experts block"
         weight = getattr(router, "weight", None)
         if not isinstance(weight, torch.Tensor) or weight.dim() != 2 \
-                or getattr(router, "bias", None) is not None:
+                or (getattr(router, "bias", None) is not None) != spec.router_bias:
             raise ConfigError(f"{where} has a router ({type(router).__name__}) that is not a "
-                              f"bias-free linear map to one logit per expert; ssd-export "
-                              f"reproduces only top-k routing over such logits.")
+                              f"{'biased' if spec.router_bias else 'bias-free'} linear map to "
+                              f"one logit per expert; ssd-export reproduces only top-k routing "
+                              f"over such logits.")
         gate_up, down = (getattr(experts, n, None) for n in ("gate_up_proj", "down_proj"))
-        layout = {"has_gate": True, "has_bias": False, "is_transposed": False,
-                  "is_concatenated": True, "has_post_expert_norm": False}
+        layout = {"has_gate": True, "has_post_expert_norm": False}
         odd = [f"{k}={getattr(experts, k)}" for k, v in layout.items()
                if getattr(experts, k, v) != v]
+        if getattr(experts, "has_bias", False) and not all(
+                isinstance(getattr(experts, f"{n}_bias", None), torch.Tensor)
+                for n in ("gate_up_proj", "down_proj")):
+            odd.append("has_bias=True without gate_up_proj_bias and down_proj_bias")
+        if spec.swiglu is None and not callable(getattr(experts, "act_fn", None)):
+            odd.append("no act_fn")
         if not isinstance(gate_up, torch.Tensor) or not isinstance(down, torch.Tensor) \
                 or gate_up.dim() != 3 or odd:
             raise ConfigError(f"{where} stores its experts ({type(experts).__name__}"
                               f"{': ' + ', '.join(odd) if odd else ''}) in a layout ssd-export "
-                              f"does not compute; it expects fused gate_up_proj (E, 2I, H) as "
-                              f"[gate; up] and down_proj (E, H, I), without biases.")
+                              f"does not compute; it expects fused, gated gate_up_proj and "
+                              f"down_proj (optionally transposed, interleaved, biased) and the "
+                              f"experts' act_fn, with no norm after the experts.")
         E = gate_up.shape[0]
         if weight.shape[0] != E or not 1 <= spec.top_k <= E:
             raise ConfigError(f"{where} routes to the top {spec.top_k} of {weight.shape[0]} "
@@ -66,9 +74,9 @@ def moe_block(layer: nn.Module, spec: MoeSpec) -> nn.Module:
 
 
 def moe(block: nn.Module, spec: MoeSpec, h: torch.Tensor,
-        kernel_fc1: torch.Tensor | None = None) -> torch.Tensor:
+        kernel: tuple[torch.Tensor | None, ...] | None = None) -> torch.Tensor:
     """h (B, T, H) -> the block's output (B, T, H): dense, or on ONNX Runtime's MoE kernel when
-    `kernel_fc1` (interleaved_gate_up) is given.
+    its weights (kernel_weights) are given.
 
         h ─┬─ router ─ scores ─ top-k [─ / sum] [· scale] ─ dense weights (N, E) ─┐
            ├─ every expert: down · (act(gate · h) * (up · h)) (E, N, H) ─ Σ_e w·out ─┐
@@ -78,17 +86,17 @@ def moe(block: nn.Module, spec: MoeSpec, h: torch.Tensor,
     x = h.reshape(B * T, H)                                         # (N, H)
     experts = get_path(block, spec.experts)
     logits = router_logits(get_path(block, spec.router), spec, x)   # (N, E)
-    if kernel_fc1 is not None:
+    if kernel is not None:
         from .ort_ops import moe_kernel
 
-        out = moe_kernel(x, logits, kernel_fc1, experts.down_proj, spec.top_k,
-                         int(spec.renormalise))
+        alpha, beta, limit = spec.swiglu or (1.0, 0.0, 0.0)
+        out = moe_kernel(x, logits, *kernel, spec.top_k, int(spec.renormalise), alpha, beta,
+                         limit)
     else:
         weights = routing_weights(logits, spec, block)              # (N, E)
         if not spec.float_weights:
             weights = weights.to(x.dtype)
-        gate, up = torch.matmul(x, experts.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)
-        y = torch.matmul(experts.act_fn(gate) * up, experts.down_proj.transpose(1, 2))  # (E,N,H)
+        y = _experts(experts, spec, x)                              # (E, N, H)
         out = (y * weights.t()[:, :, None]).to(x.dtype).sum(dim=0)  # (N, H)
     if spec.shared_expert is not None:
         shared = get_path(block, spec.shared_expert)(x)
@@ -100,10 +108,12 @@ def moe(block: nn.Module, spec: MoeSpec, h: torch.Tensor,
 
 def router_logits(router: nn.Module, spec: MoeSpec, x: torch.Tensor) -> torch.Tensor:
     """x (N, H) -> (N, E): the router's linear map, in float32 if the spec says so."""
-    weight = router.weight
+    weight, bias = router.weight, router.bias if spec.router_bias else None
     if spec.router_fp32:
         x, weight = x.float(), weight.float()
-    return torch.matmul(x, weight.t())
+        bias = None if bias is None else bias.float()
+    logits = torch.matmul(x, weight.t())
+    return logits if bias is None else logits + bias
 
 
 def routing_weights(logits: torch.Tensor, spec: MoeSpec, block: nn.Module) -> torch.Tensor:
@@ -138,25 +148,35 @@ def routing_weights(logits: torch.Tensor, spec: MoeSpec, block: nn.Module) -> to
     return (picked * top[:, :, None]).sum(dim=1)                    # one non-zero term per cell
 
 
-def interleaved_gate_up(block: nn.Module, spec: MoeSpec) -> torch.Tensor:
-    """fc1 for ONNX Runtime's MoE kernel, whose CPU SwiGLU reads gate and up rows interleaved
-    (gate_0, up_0, gate_1, ...): (E, 2I, H), a copy. Its fc2 is down_proj (E, H, I) as it is."""
-    gate_up = get_path(block, spec.experts).gate_up_proj.detach()
+def kernel_weights(block: nn.Module, spec: MoeSpec) -> tuple[torch.Tensor | None, ...]:
+    """fc1, fc1 bias, fc2, fc2 bias for ONNX Runtime's MoE kernel (copies, or None): fc1
+    (E, 2I, H) with gate and up rows interleaved (gate_0, up_0, gate_1, ...), as its CPU
+    SwiGLU reads them, and fc2 (E, H, I)."""
+    experts = get_path(block, spec.experts)
+    gate_up, down = experts.gate_up_proj.detach(), experts.down_proj.detach()
+    if getattr(experts, "is_transposed", False):
+        gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
     E, two_i, H = gate_up.shape
-    return gate_up.view(E, 2, two_i // 2, H).transpose(1, 2).reshape(E, two_i, H).contiguous()
+    bias1, bias2 = _biases(experts)
+    if getattr(experts, "is_concatenated", True):                   # [gate; up] -> interleaved
+        gate_up = gate_up.reshape(E, 2, two_i // 2, H).transpose(1, 2).reshape(E, two_i, H)
+        if bias1 is not None:
+            bias1 = bias1.reshape(E, 2, two_i // 2).transpose(1, 2).reshape(E, two_i)
+    return tuple(None if w is None else w.detach().contiguous()
+                 for w in (gate_up, bias1, down, bias2))
 
 
 def uses_kernel(spec: MoeSpec) -> bool:
     """Whether the `ort` flavour can use ONNX Runtime's MoE kernel: softmax top-k routing with
     nothing added (no selection bias, groups or scale) and SiLU experts (its SwiGLU is
-    silu(gate) * up with alpha 1 and beta 0)."""
-    return (spec.activation == "silu" and spec.scoring == "softmax" and spec.choice_bias is None
+    silu(gate) * up with alpha 1 and beta 0, or the clamped SwiGLU of MoeSpec.swiglu)."""
+    return ((spec.activation == "silu" or spec.swiglu is not None) and spec.scoring == "softmax" and spec.choice_bias is None
             and spec.groups == 1 and spec.routed_scale == 1.0 and not spec.renorm_floor)
 
 
 def kernel_refusal(spec: MoeSpec) -> str:
     """Why the `ort` flavour runs this block dense ('' where the kernel takes it)."""
-    if spec.activation != "silu":
+    if spec.activation != "silu" and spec.swiglu is None:
         return f"ONNX Runtime's MoE kernel takes SiLU experts, not {spec.activation}"
     if not uses_kernel(spec):
         return ("ONNX Runtime's MoE kernel routes by softmax top-k alone, not this model's "
@@ -172,3 +192,31 @@ def cost_note(spec: MoeSpec, num_experts: int, ort: bool) -> str:
     why = kernel_refusal(spec) if ort else "sparse routing does not trace to plain ONNX"
     return (f"MoE exported dense: all {num_experts} experts run for every token, "
             f"{num_experts / spec.top_k:g}x the routed experts' compute ({why})")
+
+
+def _experts(experts: nn.Module, spec: MoeSpec, x: torch.Tensor) -> torch.Tensor:
+    """x (N, H) -> every expert's output (E, N, H), from the weights as they are stored."""
+    transposed = getattr(experts, "is_transposed", False)
+    bias1, bias2 = _biases(experts)
+    w1, w2 = experts.gate_up_proj, experts.down_proj
+    gate_up = torch.matmul(x, w1 if transposed else w1.transpose(1, 2))       # (E, N, 2I)
+    if bias1 is not None:
+        gate_up = gate_up + bias1[:, None, :]
+    if getattr(experts, "is_concatenated", True):
+        gate, up = gate_up.chunk(2, dim=-1)                                   # [gate | up]
+    else:
+        gate, up = gate_up[..., 0::2], gate_up[..., 1::2]                     # interleaved
+    if spec.swiglu is None:
+        inner = experts.act_fn(gate) * up
+    else:
+        alpha, beta, limit = spec.swiglu
+        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+        inner = (up + beta) * (gate * torch.sigmoid(gate * alpha))
+    y = torch.matmul(inner, w2 if transposed else w2.transpose(1, 2))        # (E, N, H)
+    return y if bias2 is None else y + bias2[:, None, :]
+
+
+def _biases(experts: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    if not getattr(experts, "has_bias", False):
+        return None, None
+    return experts.gate_up_proj_bias, experts.down_proj_bias

@@ -43,9 +43,10 @@ FALCON_ALIBI = dict(alibi=True, multi_query=False, parallel_attn=False, num_atte
 KINDS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2", "gpt_neox", "opt",
          "falcon", "gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm",
          "gpt_bigcode", "gptj", "cohere", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe",
-         "granitemoe", "granitemoeshared")
+         "granitemoe", "granitemoeshared", "gpt_oss")
 # mixture of experts: 4 experts of 32, 2 per token
 MOE = dict(num_experts_per_tok=2)
+YARN = dict(rope_type="yarn", rope_theta=150000.0, beta_fast=32.0, beta_slow=1.0, truncate=False)
 GRANITE = dict(embedding_multiplier=6.0, residual_multiplier=0.5, attention_multiplier=0.125,
                logits_scaling=3.0)
 
@@ -115,6 +116,13 @@ def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra
         "granitemoeshared": ("GraniteMoeSharedConfig", {
             **llama_like, **MOE, **GRANITE, "num_local_experts": 4, "intermediate_size": 32,
             "shared_intermediate_size": 48}),
+        # sinks, a sliding (shorter than the parity prompt) then a full layer, a SwiGLU clamp
+        # low enough to bite
+        "gpt_oss": ("GptOssConfig", {**llama_like, **MOE, "head_dim": hidden // 4,
+                                     "num_local_experts": 4, "intermediate_size": 32,
+                                     "sliding_window": 8, "swiglu_limit": 2.0,
+                                     "rope_parameters": {**YARN, "factor": 32.0,
+                                                         "original_max_position_embeddings": 8}}),
     }
     if kind not in table:
         raise ValueError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")
