@@ -67,6 +67,21 @@ def _gpt_oss(config: Any) -> Adapter:
         swiglu=(config.swiglu_alpha, 1.0, config.swiglu_limit)))
 
 
+def _ernie4_5_moe(config: Any) -> Adapter:
+    # interleaved RoPE; experts on every moe_layer_interval-th layer from start to end index;
+    # float32 softmax routing chosen with a selection-only bias, its sum clamped to
+    # moe_norm_min; optional shared experts
+    layers = tuple(i for i in range(config.num_hidden_layers)
+                   if (i + 1) % config.moe_layer_interval == 0
+                   and config.moe_layer_start_index <= i <= config.moe_layer_end_index)
+    return Adapter(rope_interleaved=True, moe=MoeSpec(
+        layers=layers, top_k=config.num_experts_per_tok, renormalise=True,
+        activation=config.hidden_act, router_fp32=True,
+        choice_bias="gate.moe_statics.e_score_correction_bias",
+        renorm_floor=config.moe_norm_min,
+        shared_expert="shared_experts" if config.moe_num_shared_experts else None))
+
+
 MOE = {
     "Qwen3MoeForCausalLM": _qwen3_moe,
     "Qwen2MoeForCausalLM": _qwen2_moe,
@@ -75,4 +90,5 @@ MOE = {
     "GraniteMoeForCausalLM": _granite_moe,
     "GraniteMoeSharedForCausalLM": _granite_moe,
     "GptOssForCausalLM": _gpt_oss,
+    "Ernie4_5_MoeForCausalLM": _ernie4_5_moe,
 }

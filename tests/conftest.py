@@ -40,7 +40,8 @@ def pytest_collection_modifyitems(config, items):
 NEWER = ("gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm", "gpt_bigcode",
          "gptj", "cohere")
 # mixture-of-experts families
-MOE = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "granitemoe", "granitemoeshared", "gpt_oss")
+MOE = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "granitemoe", "granitemoeshared", "gpt_oss",
+       "ernie4_5_moe")
 
 
 @pytest.fixture(scope="session")

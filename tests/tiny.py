@@ -43,7 +43,8 @@ FALCON_ALIBI = dict(alibi=True, multi_query=False, parallel_attn=False, num_atte
 KINDS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2", "gpt_neox", "opt",
          "falcon", "gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm",
          "gpt_bigcode", "gptj", "cohere", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe",
-         "granitemoe", "granitemoeshared", "gpt_oss")
+         "granitemoe", "granitemoeshared", "gpt_oss",
+         "ernie4_5_moe")
 # mixture of experts: 4 experts of 32, 2 per token
 MOE = dict(num_experts_per_tok=2)
 YARN = dict(rope_type="yarn", rope_theta=150000.0, beta_fast=32.0, beta_slow=1.0, truncate=False)
@@ -123,6 +124,11 @@ def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra
                                      "sliding_window": 8, "swiglu_limit": 2.0,
                                      "rope_parameters": {**YARN, "factor": 32.0,
                                                          "original_max_position_embeddings": 8}}),
+        # a dense layer then an MoE one with a shared expert, biased projections, tied
+        "ernie4_5_moe": ("Ernie4_5_MoeConfig", {
+            **llama_like, **MOE, "moe_num_experts": 4, "moe_intermediate_size": 32,
+            "moe_num_shared_experts": 1, "moe_layer_start_index": 1, "use_bias": True,
+            "tie_word_embeddings": True}),
     }
     if kind not in table:
         raise ValueError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")
@@ -136,8 +142,18 @@ def build_model(folder: Path, kind: str, tokenizer, seed: int, **config_extra) -
     torch.manual_seed(seed)
     config = config_for(kind, len(tokenizer), **config_extra)
     model = AutoModelForCausalLM.from_config(config).eval()
+    randomise_choice_biases(model)
     _save(model, tokenizer, folder)
     return folder
+
+
+def randomise_choice_biases(model) -> None:
+    """Draw the MoE routers' selection-only biases (e_score_correction_bias, zero at init) so
+    that they change which experts are picked."""
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            if name.endswith("e_score_correction_bias"):
+                tensor.normal_(std=0.5)
 
 
 def truncate(source: Path, folder: Path, layers: int, tokenizer) -> Path:

@@ -26,7 +26,7 @@ CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
          "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
          "mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM",
          "granitemoe": "GraniteMoeForCausalLM", "granitemoeshared": "GraniteMoeSharedForCausalLM",
-         "gpt_oss": "GptOssForCausalLM"}
+         "gpt_oss": "GptOssForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM"}
 
 _ROPE = {"rope_theta": 10000.0}
 # config variants built in memory: name -> (tiny kind, config overrides, max_context)
@@ -288,6 +288,10 @@ def test_moe_runs_dense_in_plain_onnx_and_on_the_kernel_in_the_ort_flavour(expor
     gelu = exported_ort["mixtral_gelu"]
     assert ("com.microsoft", "MoE") not in ops(gelu.path)
     assert "dense" in gelu.moe_note and "SiLU experts, not gelu" in gelu.moe_note
+    biased = exported_ort["ernie4_5_moe"]           # a selection-only bias: dense in ort too
+    assert ("com.microsoft", "MoE") not in ops(biased.path)
+    assert "dense" in biased.moe_note and "not this model's routing" in biased.moe_note
+    assert ("com.microsoft", "MoE") in ops(exported_ort["gpt_oss"].path)   # clamped SwiGLU
     assert exported["llama"][1].moe_note == ""
 
 
