@@ -105,6 +105,7 @@ class Adapter:
     o: str = "o_proj"
     q_norm: str | None = None             # norms on q and k (Qwen 3, OLMo 2)
     k_norm: str | None = None
+    qk_norm_after_rope: bool = False      # the q/k norms read the rotated q, k (HunYuan)
     qk_norm_over: QkNormOver = "head"     # what they read: (B, T, n, D) per head, (B, n, T, D)
                                           # (StableLM's per-head module list), or the whole
                                           # projection (B, T, n·D) (OLMo 2)

@@ -51,7 +51,8 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
                   ├─ k ─ k_norm ─ rope ─ cat(past) ─ softmax(q·kᵀ·s [capped] + bias) · v ─ o
                   └─ v ──────────────── cat(past) ─┘
 
-    (OLMoE clamps q, k and v to ±qkv_clip after the norms; GPT-OSS's sinks join the
+    (HunYuan norms q and k after RoPE instead; OLMoE clamps q, k and v to ±qkv_clip after
+    the norms; GPT-OSS's sinks join the
     softmax as one more score per head.)
     """
     B, T, _ = h.shape
@@ -61,13 +62,15 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
         return _ort_attention(attn, a, heads, scaling, h, ort.packed(h), None, None, past_k,
                               past_v, ort)
     q, k, v = _project(attn, a, heads, h)                           # (B, T, H|Hkv, D)
-    if a.q_norm is not None:
+    if a.q_norm is not None and not a.qk_norm_after_rope:
         q, k = _qk_norm(attn, a, q, k)
     if a.qkv_clip is not None:                                      # OLMoE's clip_qkv
         q, k, v = (t.clamp(-a.qkv_clip, a.qkv_clip) for t in (q, k, v))
     if rope is not None and cos_sin is not None:
         q = rope.apply(q, *cos_sin)
         k = rope.apply(k, *cos_sin)
+    if a.q_norm is not None and a.qk_norm_after_rope:
+        q, k = _qk_norm(attn, a, q, k)
     if ort is not None:                                             # the `ort` flavour
         return _ort_attention(attn, a, heads, scaling, h, q, k, v, past_k, past_v, ort)
     keys = torch.cat((past_k, k), dim=1)                            # (B, S, Hkv, D)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ssd_runtime.errors import ConfigError
+
 from .adapters import Adapter, MoeSpec
 
 
@@ -82,6 +84,23 @@ def _ernie4_5_moe(config: Any) -> Adapter:
         shared_expert="shared_experts" if config.moe_num_shared_experts else None))
 
 
+def _hunyuan_moe(config: Any) -> Adapter:
+    # q/k norms after RoPE; experts on every layer plus a shared MLP; top-k may be per layer
+    top_k = config.moe_topk if isinstance(config.moe_topk, int) else set(config.moe_topk)
+    experts = config.num_experts if isinstance(config.num_experts, int) else set(config.num_experts)
+    if isinstance(top_k, set) or isinstance(experts, set):
+        if len(top_k) != 1 or len(experts) != 1:
+            raise ConfigError(f"HunYuan MoE with per-layer moe_topk {config.moe_topk} / "
+                              f"num_experts {config.num_experts}: ssd-export computes one top-k "
+                              f"over one number of experts. ---> HINT: no fix short of a graph "
+                              f"per layer setting; this checkpoint is not supported.")
+        top_k = next(iter(top_k)) if isinstance(top_k, set) else top_k
+    return Adapter(q_norm="query_layernorm", k_norm="key_layernorm", qk_norm_after_rope=True,
+                   moe=MoeSpec(layers=tuple(range(config.num_hidden_layers)), top_k=top_k,
+                               renormalise=True, activation=config.hidden_act, router="gate.wg",
+                               float_weights=True, shared_expert="shared_mlp"))
+
+
 MOE = {
     "Qwen3MoeForCausalLM": _qwen3_moe,
     "Qwen2MoeForCausalLM": _qwen2_moe,
@@ -91,4 +110,5 @@ MOE = {
     "GraniteMoeSharedForCausalLM": _granite_moe,
     "GptOssForCausalLM": _gpt_oss,
     "Ernie4_5_MoeForCausalLM": _ernie4_5_moe,
+    "HunYuanMoEV1ForCausalLM": _hunyuan_moe,
 }

@@ -107,9 +107,10 @@ def moe(block: nn.Module, spec: MoeSpec, h: torch.Tensor,
 
 
 def router_logits(router: nn.Module, spec: MoeSpec, x: torch.Tensor) -> torch.Tensor:
-    """x (N, H) -> (N, E): the router's linear map, in float32 if the spec says so."""
+    """x (N, H) -> (N, E): the router's linear map, in float32 if the spec says so or the
+    router's weights are float32 (HunYuan keeps them so and casts h up)."""
     weight, bias = router.weight, router.bias if spec.router_bias else None
-    if spec.router_fp32:
+    if spec.router_fp32 or weight.dtype == torch.float32:
         x, weight = x.float(), weight.float()
         bias = None if bias is None else bias.float()
     logits = torch.matmul(x, weight.t())

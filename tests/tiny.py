@@ -44,7 +44,7 @@ KINDS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2"
          "falcon", "gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm",
          "gpt_bigcode", "gptj", "cohere", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe",
          "granitemoe", "granitemoeshared", "gpt_oss",
-         "ernie4_5_moe")
+         "ernie4_5_moe", "hunyuan_v1_moe")
 # mixture of experts: 4 experts of 32, 2 per token
 MOE = dict(num_experts_per_tok=2)
 YARN = dict(rope_type="yarn", rope_theta=150000.0, beta_fast=32.0, beta_slow=1.0, truncate=False)
@@ -129,6 +129,9 @@ def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra
             **llama_like, **MOE, "moe_num_experts": 4, "moe_intermediate_size": 32,
             "moe_num_shared_experts": 1, "moe_layer_start_index": 1, "use_bias": True,
             "tie_word_embeddings": True}),
+        # q/k norms after RoPE, a shared MLP beside the experts, a float32 router
+        "hunyuan_v1_moe": ("HunYuanMoEV1Config", {**llama_like, "num_experts": 4, "moe_topk": 2,
+                                                  "intermediate_size": 32, "head_dim": hidden // 4}),
     }
     if kind not in table:
         raise ValueError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")
@@ -142,18 +145,24 @@ def build_model(folder: Path, kind: str, tokenizer, seed: int, **config_extra) -
     torch.manual_seed(seed)
     config = config_for(kind, len(tokenizer), **config_extra)
     model = AutoModelForCausalLM.from_config(config).eval()
-    randomise_choice_biases(model)
+    draw_constant_init(model)
     _save(model, tokenizer, folder)
     return folder
 
 
-def randomise_choice_biases(model) -> None:
-    """Draw the MoE routers' selection-only biases (e_score_correction_bias, zero at init) so
-    that they change which experts are picked."""
+# parameters that init sets to a constant which would hide a wrong graph: (mean, std) drawn
+DRAWN = {"e_score_correction_bias": (0.0, 0.5),    # zero: selection as without the bias
+         "query_layernorm.weight": (1.0, 0.5),     # one: q/k norms commute with RoPE
+         "key_layernorm.weight": (1.0, 0.5)}
+
+
+def draw_constant_init(model) -> None:
+    """Draw the DRAWN parameters and buffers of a freshly initialised model."""
     with torch.no_grad():
         for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-            if name.endswith("e_score_correction_bias"):
-                tensor.normal_(std=0.5)
+            for suffix, (mean, std) in DRAWN.items():
+                if name.endswith(suffix):
+                    tensor.normal_(mean, std)
 
 
 def truncate(source: Path, folder: Path, layers: int, tokenizer) -> Path:

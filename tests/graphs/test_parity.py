@@ -26,7 +26,8 @@ CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
          "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
          "mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM",
          "granitemoe": "GraniteMoeForCausalLM", "granitemoeshared": "GraniteMoeSharedForCausalLM",
-         "gpt_oss": "GptOssForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM"}
+         "gpt_oss": "GptOssForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
+         "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM"}
 
 _ROPE = {"rope_theta": 10000.0}
 # config variants built in memory: name -> (tiny kind, config overrides, max_context)
@@ -69,6 +70,9 @@ VARIANTS = {
     "olmoe_clip_qkv": ("olmoe", {"clip_qkv": 1.0, "norm_topk_prob": True}, MAX_CONTEXT),
     # GELU experts: no ONNX Runtime MoE kernel for them, so dense in the ort flavour too
     "mixtral_gelu": ("mixtral", {"hidden_act": "gelu"}, MAX_CONTEXT),
+    # Hunyuan-A13B's RoPE: labelled dynamic, static frequencies from a fixed NTK alpha
+    "hunyuan_ntk_alpha": ("hunyuan_v1_moe", {"rope_parameters": {
+        **_ROPE, "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0}}, MAX_CONTEXT),
 }
 
 
@@ -332,3 +336,9 @@ def test_unsupported_moe_variants_are_refused(exported, change, match):
         if change == "router_bias":
             del block.gate.bias
         block.experts.has_bias = False
+
+
+def test_per_layer_moe_top_k_is_refused():
+    config = tiny.config_for("hunyuan_v1_moe", tiny.VOCAB, moe_topk=[2, 1])
+    with pytest.raises(ConfigError, match=r"per-layer moe_topk \[2, 1\].*one top-k"):
+        REGISTRY["HunYuanMoEV1ForCausalLM"](config)
