@@ -101,6 +101,31 @@ def _hunyuan_moe(config: Any) -> Adapter:
                                float_weights=True, shared_expert="shared_mlp"))
 
 
+def _sigmoid_grouped(config: Any) -> dict:
+    """DeepSeek-V3-style routing (DeepSeek V3, GLM-4 MoE, dots.llm1): float32 sigmoid scores,
+    chosen with a selection-only bias within the best topk_group of n_group groups (a group
+    scoring its best two), [renormalised,] times routed_scaling_factor, kept float32; experts
+    from layer first_k_dense_replace on, each block with shared experts."""
+    return dict(layers=tuple(range(config.first_k_dense_replace, config.num_hidden_layers)),
+                top_k=config.num_experts_per_tok, renormalise=bool(config.norm_topk_prob),
+                activation=config.hidden_act, float_weights=True, scoring="sigmoid",
+                router_fp32=True, choice_bias="gate.e_score_correction_bias",
+                groups=config.n_group, topk_groups=config.topk_group, group_score_top=2,
+                routed_scale=config.routed_scaling_factor, shared_expert="shared_experts")
+
+
+def _glm4_moe(config: Any) -> Adapter:
+    # partial rotary (the rotary module's inv_freq says how much), optional q/k norms
+    norms = bool(config.use_qk_norm)
+    return Adapter(q_norm="q_norm" if norms else None, k_norm="k_norm" if norms else None,
+                   moe=MoeSpec(**_sigmoid_grouped(config)))
+
+
+def _dots1(config: Any) -> Adapter:
+    # q/k norms per head, sliding layers from max_window_layers on (layer_types)
+    return Adapter(q_norm="q_norm", k_norm="k_norm", moe=MoeSpec(**_sigmoid_grouped(config)))
+
+
 MOE = {
     "Qwen3MoeForCausalLM": _qwen3_moe,
     "Qwen2MoeForCausalLM": _qwen2_moe,
@@ -111,4 +136,6 @@ MOE = {
     "GptOssForCausalLM": _gpt_oss,
     "Ernie4_5_MoeForCausalLM": _ernie4_5_moe,
     "HunYuanMoEV1ForCausalLM": _hunyuan_moe,
+    "Glm4MoeForCausalLM": _glm4_moe,
+    "Dots1ForCausalLM": _dots1,
 }

@@ -44,9 +44,11 @@ KINDS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2"
          "falcon", "gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm",
          "gpt_bigcode", "gptj", "cohere", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe",
          "granitemoe", "granitemoeshared", "gpt_oss",
-         "ernie4_5_moe", "hunyuan_v1_moe")
+         "ernie4_5_moe", "hunyuan_v1_moe", "glm4_moe", "dots1")
 # mixture of experts: 4 experts of 32, 2 per token
 MOE = dict(num_experts_per_tok=2)
+SIGMOID_GROUPED = dict(n_routed_experts=4, moe_intermediate_size=32, n_shared_experts=1,
+                       n_group=2, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5)
 YARN = dict(rope_type="yarn", rope_theta=150000.0, beta_fast=32.0, beta_slow=1.0, truncate=False)
 GRANITE = dict(embedding_multiplier=6.0, residual_multiplier=0.5, attention_multiplier=0.125,
                logits_scaling=3.0)
@@ -132,6 +134,14 @@ def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra
         # q/k norms after RoPE, a shared MLP beside the experts, a float32 router
         "hunyuan_v1_moe": ("HunYuanMoEV1Config", {**llama_like, "num_experts": 4, "moe_topk": 2,
                                                   "intermediate_size": 32, "head_dim": hidden // 4}),
+        # a dense layer then sigmoid routing within the best of 2 groups, scaled; q/k norms,
+        # partial rotary (GLM's default half)
+        "glm4_moe": ("Glm4MoeConfig", {**llama_like, **MOE, **SIGMOID_GROUPED,
+                                       "first_k_dense_replace": 1, "use_qk_norm": True}),
+        # sigmoid routing on every layer, not renormalised; the second layer slides (8)
+        "dots1": ("Dots1Config", {**llama_like, **MOE, **SIGMOID_GROUPED, "n_group": 1,
+                                  "topk_group": 1, "norm_topk_prob": False, "head_dim": hidden // 4,
+                                  "sliding_window": 8, "max_window_layers": 1}),
     }
     if kind not in table:
         raise ValueError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")

@@ -27,7 +27,8 @@ CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
          "mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM",
          "granitemoe": "GraniteMoeForCausalLM", "granitemoeshared": "GraniteMoeSharedForCausalLM",
          "gpt_oss": "GptOssForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
-         "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM"}
+         "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
+         "dots1": "Dots1ForCausalLM"}
 
 _ROPE = {"rope_theta": 10000.0}
 # config variants built in memory: name -> (tiny kind, config overrides, max_context)
