@@ -13,7 +13,7 @@ from typing import Any, Literal
 Positions = Literal["rope", "learned", "alibi"]
 QkvLayout = Literal["split", "grouped"]
 QkNormOver = Literal["head", "heads_first", "projection"]
-Scoring = Literal["softmax", "sigmoid"]
+Scoring = Literal["softmax", "sigmoid", "sparsemixer"]
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,9 @@ class MoeSpec:
                                           # model's dtype, as Qwen and OLMoE round them
     shared_expert: str | None = None      # a dense MLP every token goes through (Qwen2-MoE) ...
     shared_gate: str | None = None        # ... times sigmoid(shared_gate(h)), a Linear H -> 1
-    scoring: Scoring = "softmax"          # scores from the router's logits
+    scoring: Scoring = "softmax"          # scores from the router's logits (sparsemixer:
+                                          # PhiMoE's two rounds of a masked softmax, top-2)
+    mixer_eps: float = 0.0                # sparsemixer's jitter_eps
     router_bias: bool = False             # the router's Linear adds its bias (GPT-OSS)
     router_fp32: bool = False             # logits from float32 h and weights (DeepSeek V3)
     choice_bias: str | None = None        # a per-expert bias (E,) added to the scores for
@@ -76,6 +78,8 @@ class Adapter:
     project_out: str | None = None        # before the LM head
     positions: Positions = "rope"
     rotary: str = "model.rotary_emb"      # rope: module with inv_freq and attention_scaling
+    rope_scale: float | None = None       # the cos/sin scale where the model applies another
+                                          # than attention_scaling (PhiMoE's short_mscale)
     layer_rope: tuple[str | None, ...] | None = None  # per layer: the rotary module's table
                                           # prefix (Gemma 3: "sliding_attention_"), None: no
                                           # RoPE on that layer (SmolLM3); None: "" everywhere

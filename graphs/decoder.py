@@ -248,7 +248,7 @@ def _ropes(model: nn.Module, a: Adapter, n_layers: int) -> tuple[nn.ModuleDict, 
     for prefix, key in zip(prefixes, keys):
         if key is not None and key not in ropes:
             ropes[key] = Rope.from_base(*a.rope_base, a.rope_interleaved) if a.rope_base \
-                else Rope.from_module(rotary, prefix, a.rope_interleaved)
+                else Rope.from_module(rotary, prefix, a.rope_interleaved, a.rope_scale)
     return ropes, keys
 
 

@@ -126,6 +126,18 @@ def _dots1(config: Any) -> Adapter:
     return Adapter(q_norm="q_norm", k_norm="k_norm", moe=MoeSpec(**_sigmoid_grouped(config)))
 
 
+def _phimoe(config: Any) -> Adapter:
+    # LayerNorms, biased projections and LM head (the modules' own); sparsemixer routing (two
+    # experts, whatever num_experts_per_tok says); longrope scales cos/sin by short_mscale
+    # (the context stays below original_max_position_embeddings: registry.check_rope_context)
+    params = config.rope_parameters or {}
+    longrope = params.get("rope_type", "default") != "default"
+    return Adapter(rope_scale=float(params["short_mscale"]) if longrope else None,
+                   moe=MoeSpec(layers=tuple(range(config.num_hidden_layers)), top_k=2,
+                               renormalise=False, activation=config.hidden_act, router="router",
+                               scoring="sparsemixer", mixer_eps=config.router_jitter_noise))
+
+
 MOE = {
     "Qwen3MoeForCausalLM": _qwen3_moe,
     "Qwen2MoeForCausalLM": _qwen2_moe,
@@ -138,4 +150,5 @@ MOE = {
     "HunYuanMoEV1ForCausalLM": _hunyuan_moe,
     "Glm4MoeForCausalLM": _glm4_moe,
     "Dots1ForCausalLM": _dots1,
+    "PhimoeForCausalLM": _phimoe,
 }

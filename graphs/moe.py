@@ -125,6 +125,8 @@ def routing_weights(logits: torch.Tensor, spec: MoeSpec, block: nn.Module) -> to
         groups: -inf]; the k best choices pick the experts, their scores are the weights
     """
     N, E = logits.shape
+    if spec.scoring == "sparsemixer":
+        return _one_hot_weights(*_sparsemixer(logits.float(), spec.mixer_eps), E)
     scores = torch.softmax(logits.float(), dim=-1) if spec.scoring == "softmax" \
         else torch.sigmoid(logits.float())                          # (N, E)
     choice = scores
@@ -144,9 +146,29 @@ def routing_weights(logits: torch.Tensor, spec: MoeSpec, block: nn.Module) -> to
         top = top / (total.clamp(min=spec.renorm_floor) if spec.renorm_floor else total)
     if spec.routed_scale != 1.0:
         top = top * spec.routed_scale
-    experts = torch.arange(E, device=logits.device)
-    picked = (index[:, :, None] == experts).to(top.dtype)           # (N, k, E) one-hot
+    return _one_hot_weights(top, index, E)
+
+
+def _one_hot_weights(top: torch.Tensor, index: torch.Tensor, E: int) -> torch.Tensor:
+    """top-k weights and experts (N, k) -> (N, E), zero outside the picked experts."""
+    picked = (index[:, :, None] == torch.arange(E)).to(top.dtype)  # (N, k, E) one-hot
     return (picked * top[:, :, None]).sum(dim=1)                    # one non-zero term per cell
+
+
+def _sparsemixer(logits: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """PhiMoE's routing at inference: the best expert, weighted by a softmax over the logits
+    within 2·eps (relative) of its own; then the best of the rest, likewise. (N, 2) each."""
+    w1, i1 = _mixer_round(logits, logits, eps)
+    rest = logits.scatter(-1, i1, float("-inf"))
+    w2, i2 = _mixer_round(rest, logits, eps)
+    return torch.cat((w1, w2), dim=-1), torch.cat((i1, i2), dim=-1)
+
+
+def _mixer_round(candidates: torch.Tensor, logits: torch.Tensor, eps: float):
+    best, index = candidates.max(dim=-1, keepdim=True)               # (N, 1)
+    far = (best - logits) / logits.abs().clamp(min=best) > 2 * eps   # (N, E)
+    gates = torch.softmax(candidates.masked_fill(far, float("-inf")), dim=-1)
+    return gates.gather(-1, index), index
 
 
 def kernel_weights(block: nn.Module, spec: MoeSpec) -> tuple[torch.Tensor | None, ...]:

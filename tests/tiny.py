@@ -44,7 +44,7 @@ KINDS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2"
          "falcon", "gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm",
          "gpt_bigcode", "gptj", "cohere", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe",
          "granitemoe", "granitemoeshared", "gpt_oss",
-         "ernie4_5_moe", "hunyuan_v1_moe", "glm4_moe", "dots1")
+         "ernie4_5_moe", "hunyuan_v1_moe", "glm4_moe", "dots1", "phimoe")
 # mixture of experts: 4 experts of 32, 2 per token
 MOE = dict(num_experts_per_tok=2)
 SIGMOID_GROUPED = dict(n_routed_experts=4, moe_intermediate_size=32, n_shared_experts=1,
@@ -142,6 +142,11 @@ def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra
         "dots1": ("Dots1Config", {**llama_like, **MOE, **SIGMOID_GROUPED, "n_group": 1,
                                   "topk_group": 1, "norm_topk_prob": False, "head_dim": hidden // 4,
                                   "sliding_window": 8, "max_window_layers": 1}),
+        # sparsemixer routing (a wide jitter_eps, so that its masks bite), biased attention
+        # and LM head
+        "phimoe": ("PhimoeConfig", {**llama_like, **MOE, "num_local_experts": 4,
+                                    "intermediate_size": 32, "router_jitter_noise": 0.3,
+                                    "attention_bias": True, "lm_head_bias": True}),
     }
     if kind not in table:
         raise ValueError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")

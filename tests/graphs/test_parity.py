@@ -28,7 +28,7 @@ CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
          "granitemoe": "GraniteMoeForCausalLM", "granitemoeshared": "GraniteMoeSharedForCausalLM",
          "gpt_oss": "GptOssForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
          "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
-         "dots1": "Dots1ForCausalLM"}
+         "dots1": "Dots1ForCausalLM", "phimoe": "PhimoeForCausalLM"}
 
 _ROPE = {"rope_theta": 10000.0}
 # config variants built in memory: name -> (tiny kind, config overrides, max_context)
@@ -71,6 +71,11 @@ VARIANTS = {
     "olmoe_clip_qkv": ("olmoe", {"clip_qkv": 1.0, "norm_topk_prob": True}, MAX_CONTEXT),
     # GELU experts: no ONNX Runtime MoE kernel for them, so dense in the ort flavour too
     "mixtral_gelu": ("mixtral", {"hidden_act": "gelu"}, MAX_CONTEXT),
+    # Phi-3.5-MoE's longrope: cos/sin scaled by short_mscale (not the rotary module's
+    # attention_scaling) up to original_max_position_embeddings; a sliding window
+    "phimoe_longrope": ("phimoe", {"sliding_window": 8, "rope_parameters": {
+        **_ROPE, "rope_type": "longrope", "short_factor": [1.5] * 8, "long_factor": [4.0] * 8,
+        "short_mscale": 1.25, "long_mscale": 1.5, "original_max_position_embeddings": 64}}, 64),
     # Hunyuan-A13B's RoPE: labelled dynamic, static frequencies from a fixed NTK alpha
     "hunyuan_ntk_alpha": ("hunyuan_v1_moe", {"rope_parameters": {
         **_ROPE, "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0}}, MAX_CONTEXT),
