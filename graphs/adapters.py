@@ -60,6 +60,25 @@ class MoeSpec:
 
 
 @dataclass(frozen=True)
+class LatentSpec:
+    """Multi-head latent attention (DeepSeek V2/V3; latent.py computes it).
+
+    Paths are from the attention module. Each token keeps a normed latent c (`rank`) and a
+    rotated key part (`rope_dims`) shared by every head; kv_b_proj maps c to each head's
+    key part (`nope_dims`) and value (`v_dims`); the query comes from q_proj, or from q_a_proj,
+    q_a_layernorm and q_b_proj where the model has a query rank.
+    """
+
+    rank: int                             # kv_lora_rank
+    rope_dims: int                        # qk_rope_head_dim
+    nope_dims: int                        # qk_nope_head_dim
+    v_dims: int                           # v_head_dim
+    q_rank: bool                          # q_lora_rank set: q through q_a -> norm -> q_b
+    deinterleave: bool = False            # the rotary dims reordered (0, 2, 4, .. | 1, 3, ..)
+                                          # before rotate-half RoPE (DeepSeek V3's rope_interleave)
+
+
+@dataclass(frozen=True)
 class Adapter:
     """Where to find the parts of one Hugging Face causal LM and how its layers connect them.
 
@@ -125,6 +144,7 @@ class Adapter:
                                           # more key without a value (GPT-OSS's sinks)
     reference_attn: str | None = None     # attention implementation parity compares against
     moe: MoeSpec | None = None            # mixture-of-experts layers
+    latent: LatentSpec | None = None      # multi-head latent attention instead of q/k/v
 
 
 def sliding_windows(config: Any) -> tuple[int | None, ...]:

@@ -46,7 +46,9 @@ class Decoder(nn.Module):
         attn = [getattr(layer, a.attn) for layer in self.layers]
         num_heads = config.num_attention_heads
         num_kv_heads = a.num_kv_heads or getattr(config, "num_key_value_heads", None) or num_heads
-        self.heads = Heads(num_heads, num_kv_heads, int(getattr(attn[0], a.head_dim)))
+        head_dim = a.latent.rank + a.latent.rope_dims if a.latent is not None \
+            else int(getattr(attn[0], a.head_dim))
+        self.heads = Heads(num_heads, num_kv_heads, head_dim)
         self.scalings = [float(getattr(m, a.scaling)) for m in attn]   # GPT-2 may scale per layer
         self.windows = sliding_windows(config)
         self._init_moe(source)

@@ -5,7 +5,7 @@ from typing import Any
 
 from ssd_runtime.errors import ConfigError
 
-from .adapters import Adapter, MoeSpec
+from .adapters import Adapter, LatentSpec, MoeSpec
 
 
 def _qwen_sparse_layers(config: Any) -> tuple[int, ...]:
@@ -138,6 +138,35 @@ def _phimoe(config: Any) -> Adapter:
                                scoring="sparsemixer", mixer_eps=config.router_jitter_noise))
 
 
+def _latent(config: Any, deinterleave: bool = False) -> LatentSpec:
+    return LatentSpec(rank=config.kv_lora_rank, rope_dims=config.qk_rope_head_dim,
+                      nope_dims=config.qk_nope_head_dim, v_dims=config.v_head_dim,
+                      q_rank=config.q_lora_rank is not None, deinterleave=deinterleave)
+
+
+def _deepseek_v3(config: Any) -> Adapter:
+    # multi-head latent attention (one shared KV head of kv_lora_rank + qk_rope_head_dim);
+    # rope_interleave: rotary dims de-interleaved, then rotate-half
+    return Adapter(num_kv_heads=1, latent=_latent(config, bool(config.rope_interleave)),
+                   moe=MoeSpec(**_sigmoid_grouped(config)))
+
+
+def _deepseek_v2(config: Any) -> Adapter:
+    # multi-head latent attention with RoPE on interleaved pairs; float32 softmax routing,
+    # greedy or within the best topk_group of n_group groups (a group scoring its best
+    # expert), never renormalised, times routed_scaling_factor; shared experts
+    if config.topk_method not in ("greedy", "group_limited_greedy"):
+        raise ConfigError(f"DeepSeek V2 with topk_method {config.topk_method!r}: ssd-export "
+                          f"reproduces 'greedy' and 'group_limited_greedy' routing.")
+    grouped = config.topk_method == "group_limited_greedy"
+    return Adapter(num_kv_heads=1, rope_interleaved=True, latent=_latent(config), moe=MoeSpec(
+        layers=tuple(range(config.first_k_dense_replace, config.num_hidden_layers)),
+        top_k=config.num_experts_per_tok, renormalise=False, activation=config.hidden_act,
+        float_weights=True, router_fp32=True, groups=config.n_group if grouped else 1,
+        topk_groups=config.topk_group if grouped else 1,
+        routed_scale=config.routed_scaling_factor, shared_expert="shared_experts"))
+
+
 MOE = {
     "Qwen3MoeForCausalLM": _qwen3_moe,
     "Qwen2MoeForCausalLM": _qwen2_moe,
@@ -151,4 +180,6 @@ MOE = {
     "Glm4MoeForCausalLM": _glm4_moe,
     "Dots1ForCausalLM": _dots1,
     "PhimoeForCausalLM": _phimoe,
+    "DeepseekV3ForCausalLM": _deepseek_v3,
+    "DeepseekV2ForCausalLM": _deepseek_v2,
 }

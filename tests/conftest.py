@@ -41,7 +41,8 @@ NEWER = ("gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm
          "gptj", "cohere")
 # mixture-of-experts families
 MOE = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "granitemoe", "granitemoeshared", "gpt_oss",
-       "ernie4_5_moe", "hunyuan_v1_moe", "glm4_moe", "dots1", "phimoe")
+       "ernie4_5_moe", "hunyuan_v1_moe", "glm4_moe", "dots1", "phimoe",
+       "deepseek_v3", "deepseek_v2")
 
 
 @pytest.fixture(scope="session")

@@ -44,11 +44,14 @@ KINDS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2"
          "falcon", "gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm",
          "gpt_bigcode", "gptj", "cohere", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe",
          "granitemoe", "granitemoeshared", "gpt_oss",
-         "ernie4_5_moe", "hunyuan_v1_moe", "glm4_moe", "dots1", "phimoe")
+         "ernie4_5_moe", "hunyuan_v1_moe", "glm4_moe", "dots1", "phimoe",
+         "deepseek_v3", "deepseek_v2")
 # mixture of experts: 4 experts of 32, 2 per token
 MOE = dict(num_experts_per_tok=2)
 SIGMOID_GROUPED = dict(n_routed_experts=4, moe_intermediate_size=32, n_shared_experts=1,
                        n_group=2, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5)
+MLA = dict(num_key_value_heads=4, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16,
+           v_head_dim=12)
 YARN = dict(rope_type="yarn", rope_theta=150000.0, beta_fast=32.0, beta_slow=1.0, truncate=False)
 GRANITE = dict(embedding_multiplier=6.0, residual_multiplier=0.5, attention_multiplier=0.125,
                logits_scaling=3.0)
@@ -147,6 +150,15 @@ def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra
         "phimoe": ("PhimoeConfig", {**llama_like, **MOE, "num_local_experts": 4,
                                     "intermediate_size": 32, "router_jitter_noise": 0.3,
                                     "attention_bias": True, "lm_head_bias": True}),
+        # multi-head latent attention (a query rank, de-interleaved RoPE; value heads of 12
+        # beside key heads of 24), then V3's sigmoid routing after a dense layer
+        "deepseek_v3": ("DeepseekV3Config", {**llama_like, **MOE, **SIGMOID_GROUPED, **MLA,
+                                             "first_k_dense_replace": 1, "q_lora_rank": 24}),
+        # MLA without a query rank, RoPE on interleaved pairs; softmax routing within the best
+        # of 2 groups, scaled
+        "deepseek_v2": ("DeepseekV2Config", {
+            **llama_like, **MOE, **SIGMOID_GROUPED, **MLA, "first_k_dense_replace": 1,
+            "q_lora_rank": None, "topk_method": "group_limited_greedy"}),
     }
     if kind not in table:
         raise ValueError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")

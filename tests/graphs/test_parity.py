@@ -28,7 +28,8 @@ CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
          "granitemoe": "GraniteMoeForCausalLM", "granitemoeshared": "GraniteMoeSharedForCausalLM",
          "gpt_oss": "GptOssForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
          "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
-         "dots1": "Dots1ForCausalLM", "phimoe": "PhimoeForCausalLM"}
+         "dots1": "Dots1ForCausalLM", "phimoe": "PhimoeForCausalLM",
+         "deepseek_v3": "DeepseekV3ForCausalLM", "deepseek_v2": "DeepseekV2ForCausalLM"}
 
 _ROPE = {"rope_theta": 10000.0}
 # config variants built in memory: name -> (tiny kind, config overrides, max_context)
@@ -76,6 +77,13 @@ VARIANTS = {
     "phimoe_longrope": ("phimoe", {"sliding_window": 8, "rope_parameters": {
         **_ROPE, "rope_type": "longrope", "short_factor": [1.5] * 8, "long_factor": [4.0] * 8,
         "short_mscale": 1.25, "long_mscale": 1.5, "original_max_position_embeddings": 64}}, 64),
+    # DeepSeek V3 without a query rank, plain rotate-half RoPE, biased projections and YaRN
+    # whose mscale_all_dim scales the attention
+    "deepseek_v3_yarn": ("deepseek_v3", {"q_lora_rank": None, "rope_interleave": False,
+                                         "attention_bias": True, "rope_parameters": {
+        **_ROPE, "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+        "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0}},
+        MAX_CONTEXT),
     # Hunyuan-A13B's RoPE: labelled dynamic, static frequencies from a fixed NTK alpha
     "hunyuan_ntk_alpha": ("hunyuan_v1_moe", {"rope_parameters": {
         **_ROPE, "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0}}, MAX_CONTEXT),
