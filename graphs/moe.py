@@ -191,9 +191,10 @@ def kernel_weights(block: nn.Module, spec: MoeSpec) -> tuple[torch.Tensor | None
 
 def uses_kernel(spec: MoeSpec) -> bool:
     """Whether the `ort` flavour can use ONNX Runtime's MoE kernel: softmax top-k routing with
-    nothing added (no selection bias, groups or scale) and SiLU experts (its SwiGLU is
-    silu(gate) * up with alpha 1 and beta 0, or the clamped SwiGLU of MoeSpec.swiglu)."""
-    return ((spec.activation == "silu" or spec.swiglu is not None) and spec.scoring == "softmax" and spec.choice_bias is None
+    nothing added (no float32 router, selection bias, groups or scale) and SiLU experts (its
+    SwiGLU is silu(gate) * up with alpha 1 and beta 0, or MoeSpec.swiglu's clamped one)."""
+    return ((spec.activation == "silu" or spec.swiglu is not None) and spec.scoring == "softmax"
+            and not spec.router_fp32 and spec.choice_bias is None
             and spec.groups == 1 and spec.routed_scale == 1.0 and not spec.renorm_floor)
 
 

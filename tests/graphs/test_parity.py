@@ -325,7 +325,7 @@ def test_qwen3_moe_mixes_dense_and_moe_layers(models):
     ("router_bias", r"layer 0's mixture-of-experts block has a router \(Qwen3MoeTopKRouter\) "
                     r"that is not a bias-free linear map.*top-k routing"),
     ("experts_bias", r"layer 0's mixture-of-experts block stores its experts "
-                     r"\(Qwen3MoeExperts: has_bias=True\) in a layout ssd-export does not"),
+                     r"\(Qwen3MoeExperts: has_bias=True without gate_up_proj_bias"),
     ("top_k", r"routes to the top 5 of 4 logits over 4 experts"),
 ])
 def test_unsupported_moe_variants_are_refused(exported, change, match):
@@ -356,3 +356,9 @@ def test_per_layer_moe_top_k_is_refused():
     config = tiny.config_for("hunyuan_v1_moe", tiny.VOCAB, moe_topk=[2, 1])
     with pytest.raises(ConfigError, match=r"per-layer moe_topk \[2, 1\].*one top-k"):
         REGISTRY["HunYuanMoEV1ForCausalLM"](config)
+
+
+def test_unknown_deepseek_v2_routing_is_refused():
+    config = tiny.config_for("deepseek_v2", tiny.VOCAB, topk_method="noaux_tc")
+    with pytest.raises(ConfigError, match=r"topk_method 'noaux_tc'.*'greedy' and "):
+        REGISTRY["DeepseekV2ForCausalLM"](config)
