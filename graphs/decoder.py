@@ -20,7 +20,7 @@ from torch import nn
 
 from .adapters import Adapter, get_path, sliding_windows
 from .attention import Heads, OrtAttention, attention, causal_mask
-from .moe import check_moe, cost_note, kernel_weights, moe, moe_block, uses_kernel
+from .moe import check_moe, cost_note, kernel_refusal, kernel_weights, moe, moe_block
 from .positions import Rope, alibi_bias, alibi_slopes
 
 
@@ -109,15 +109,17 @@ class Decoder(nn.Module):
 
     def _init_moe(self, source: str) -> None:
         """Mixture-of-experts layers (moe.py): dense, or in the `ort` flavour ONNX Runtime's
-        MoE kernel for SiLU experts (it reads gate and up interleaved: one copy per layer)."""
+        MoE kernel where it computes them (its weights laid out as it reads them: a copy)."""
         spec, ort = self.adapter.moe, self.flavour == contract.ORT
         self.moe_layers = frozenset(spec.layers if spec is not None else ())
-        self.moe_kernel = spec is not None and ort and uses_kernel(spec)
-        self.moe_note = ""
-        self.moe_kind = "none" if not self.moe_layers else "kernel" if self.moe_kernel else "dense"
+        self.moe_kernel, self.moe_note, self.moe_kind = False, "", "none"
         if spec is None or not spec.layers:
             return
-        self.moe_note = cost_note(spec, check_moe(self.layers, spec, source), ort)
+        num_experts = check_moe(self.layers, spec, source)
+        refusal = kernel_refusal(self.layers, spec)
+        self.moe_kernel = ort and not refusal
+        self.moe_kind = "kernel" if self.moe_kernel else "dense"
+        self.moe_note = cost_note(spec, num_experts, ort, refusal)
         for i in spec.layers if self.moe_kernel else ():
             for name, w in zip(_KERNEL_WEIGHTS, kernel_weights(moe_block(self.layers[i], spec),
                                                                spec)):

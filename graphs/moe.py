@@ -4,8 +4,8 @@ Hugging Face runs only the experts a token picked, looping over the experts hit:
 over data that torch.export cannot trace. Here every expert runs on every token and a dense
 routing matrix, zero outside each token's top-k, weighs their outputs: the same products,
 summed with exact zeros in between, so the same numbers at num_experts / top_k times the
-routed expert compute. The `ort` flavour hands SiLU experts to ONNX Runtime's MoE kernel,
-which runs only the routed ones (ort_ops.py).
+routed expert compute. The `ort` flavour hands the blocks it computes exactly to ONNX
+Runtime's MoE kernel, which runs only the routed ones (ort_ops.py, kernel_refusal).
 """
 from __future__ import annotations
 
@@ -189,31 +189,31 @@ def kernel_weights(block: nn.Module, spec: MoeSpec) -> tuple[torch.Tensor | None
                  for w in (gate_up, bias1, down, bias2))
 
 
-def uses_kernel(spec: MoeSpec) -> bool:
-    """Whether the `ort` flavour can use ONNX Runtime's MoE kernel: softmax top-k routing with
-    nothing added (no float32 router, selection bias, groups or scale) and SiLU experts (its
-    SwiGLU is silu(gate) * up with alpha 1 and beta 0, or MoeSpec.swiglu's clamped one)."""
-    return ((spec.activation == "silu" or spec.swiglu is not None) and spec.scoring == "softmax"
-            and not spec.router_fp32 and spec.choice_bias is None
-            and spec.groups == 1 and spec.routed_scale == 1.0 and not spec.renorm_floor)
-
-
-def kernel_refusal(spec: MoeSpec) -> str:
-    """Why the `ort` flavour runs this block dense ('' where the kernel takes it)."""
+def kernel_refusal(layers: nn.ModuleList, spec: MoeSpec) -> str:
+    """Why the `ort` flavour runs this block dense, '' where ONNX Runtime's MoE kernel computes
+    it: softmax top-k routing with nothing added (no float32 router, selection bias, groups or
+    scale) over logits in the experts' dtype, and SiLU experts (its SwiGLU is silu(gate) * up
+    with alpha 1 and beta 0, or MoeSpec.swiglu's clamped one)."""
     if spec.activation != "silu" and spec.swiglu is None:
         return f"ONNX Runtime's MoE kernel takes SiLU experts, not {spec.activation}"
-    if not uses_kernel(spec):
-        return ("ONNX Runtime's MoE kernel routes by softmax top-k alone, not this model's "
-                "routing")
+    if spec.scoring != "softmax" or spec.router_fp32 or spec.choice_bias is not None \
+            or spec.groups > 1 or spec.routed_scale != 1.0 or spec.renorm_floor:
+        return "ONNX Runtime's MoE kernel routes by softmax top-k alone, not this model's routing"
+    for i in spec.layers:
+        block = moe_block(layers[i], spec)
+        router = get_path(block, spec.router).weight.dtype
+        if router != get_path(block, spec.experts).gate_up_proj.dtype:
+            return (f"ONNX Runtime's MoE kernel takes router logits in the experts' dtype; this "
+                    f"router's weights are {str(router).removeprefix('torch.')}")
     return ""
 
 
-def cost_note(spec: MoeSpec, num_experts: int, ort: bool) -> str:
+def cost_note(spec: MoeSpec, num_experts: int, ort: bool, refusal: str) -> str:
     """The one progress line an MoE export prints: how its experts run, and at what cost."""
-    if ort and uses_kernel(spec):
+    if ort and not refusal:
         return (f"MoE on ONNX Runtime's MoE kernel: {spec.top_k} of {num_experts} experts run "
                 f"per token, as routed")
-    why = kernel_refusal(spec) if ort else "sparse routing does not trace to plain ONNX"
+    why = refusal if ort else "sparse routing does not trace to plain ONNX"
     return (f"MoE exported dense: all {num_experts} experts run for every token, "
             f"{num_experts / spec.top_k:g}x the routed experts' compute ({why})")
 

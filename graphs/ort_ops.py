@@ -6,7 +6,7 @@ wrapper still runs eagerly) that the ONNX exporter writes as one
 head-major buffer `(B, Hkv, max_context, D)` that the op reads and writes in place
 (`past_key` and `present_key` bound to the same memory): the kernel writes the new rows at
 the past length it reads from `seqlens_k`, and no past key or value is copied per step.
-`moe_kernel(...)` is likewise one `com.microsoft::MoE` node: SiLU experts run as routed.
+`moe_kernel(...)` is likewise one `com.microsoft::MoE` node: the experts run as routed.
 """
 from __future__ import annotations
 

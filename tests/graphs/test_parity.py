@@ -362,3 +362,18 @@ def test_unknown_deepseek_v2_routing_is_refused():
     config = tiny.config_for("deepseek_v2", tiny.VOCAB, topk_method="noaux_tc")
     with pytest.raises(ConfigError, match=r"topk_method 'noaux_tc'.*'greedy' and "):
         REGISTRY["DeepseekV2ForCausalLM"](config)
+
+
+def test_moe_kernel_takes_router_logits_in_the_experts_dtype():
+    """HunYuan keeps its router in float32 in a float16 model (and Hugging Face casts h up);
+    ONNX Runtime's MoE kernel takes the logits in the experts' dtype: dense in the ort flavour."""
+    from transformers import AutoModelForCausalLM
+
+    from ssd_graphs.decoder import Decoder
+    from ssd_graphs.registry import adapter_for
+
+    config = tiny.config_for("hunyuan_v1_moe", tiny.VOCAB, layers=1)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float16).eval()
+    decoder = Decoder(model, adapter_for(model, "hunyuan"), "ort", 64, "hunyuan")
+    assert decoder.moe_kind == "dense" and "router's weights are float32" in decoder.moe_note
+    assert Decoder(model.float(), adapter_for(model, "hunyuan"), "ort", 64).moe_kind == "kernel"
