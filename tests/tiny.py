@@ -135,8 +135,9 @@ def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra
             "moe_num_shared_experts": 1, "moe_layer_start_index": 1, "use_bias": True,
             "tie_word_embeddings": True}),
         # q/k norms after RoPE, a shared MLP beside the experts, a float32 router
-        "hunyuan_v1_moe": ("HunYuanMoEV1Config", {**llama_like, "num_experts": 4, "moe_topk": 2,
-                                                  "intermediate_size": 32, "head_dim": hidden // 4}),
+        "hunyuan_v1_moe": ("HunYuanMoEV1Config", {
+            **llama_like, "num_experts": 4, "moe_topk": 2, "intermediate_size": 32,
+            "head_dim": hidden // 4}),
         # a dense layer then sigmoid routing within the best of 2 groups, scaled; q/k norms,
         # partial rotary (GLM's default half)
         "glm4_moe": ("Glm4MoeConfig", {**llama_like, **MOE, **SIGMOID_GROUPED,
