@@ -14,30 +14,69 @@ Positions = Literal["rope", "learned", "alibi"]
 QkvLayout = Literal["split", "grouped", "blocks_qvk"]
 QkNormOver = Literal["head", "heads_first", "projection"]
 RopePrecision = Literal["model", "float32", "float32_rounded_tables"]
+Scoring = Literal["softmax", "sigmoid", "sparsemixer"]
 
 
 @dataclass(frozen=True)
 class MoeSpec:
     """A sparse mixture-of-experts block in place of the MLP on some layers (moe.py computes it).
 
-    Paths are from the layer's `block` module. The router is a bias-free linear map to one
-    logit per expert, followed by softmax (in float32), top-k and, if `renormalise`, the k
-    weights divided by their sum. The experts keep fused weights: `gate_up_proj`
-    (E, 2I, H) as [gate; up] and `down_proj` (E, H, I), expert e computing
-    down_e · (act(gate_e · h) * (up_e · h)) with the experts module's own `act_fn`.
+    Paths are from the layer's `block` module (None: the layer itself). The router is a
+    linear map to one logit per expert; `scoring` turns logits into scores (in float32),
+    top-k over the scores (plus a selection-only bias, within the best groups if grouped)
+    picks the experts, and their scores are the weights: divided by their sum if
+    `renormalise`, then times `routed_scale`. The experts keep fused weights:
+    `gate_up_proj` (E, 2I, H) as [gate; up] and `down_proj` (E, H, I), expert e computing
+    down_e · (act(gate_e · h) * (up_e · h)) with the experts module's own `act_fn`; the
+    module's flags may say the weights are transposed (E, H, 2I) and (E, I, H), gate and up
+    interleaved, and biased (`gate_up_proj_bias`, `down_proj_bias`), and the router biased.
     """
 
     layers: tuple[int, ...]               # the layers whose MLP is this block (others: dense)
     top_k: int
     renormalise: bool
     activation: str                       # config.hidden_act (ONNX Runtime's kernel: silu only)
-    block: str = "mlp"
+    block: str | None = "mlp"
     router: str = "gate"
     experts: str = "experts"
     float_weights: bool = False           # routing weights stay float32 (Mixtral); else the
                                           # model's dtype, as Qwen and OLMoE round them
     shared_expert: str | None = None      # a dense MLP every token goes through (Qwen2-MoE) ...
     shared_gate: str | None = None        # ... times sigmoid(shared_gate(h)), a Linear H -> 1
+    scoring: Scoring = "softmax"          # scores from the router's logits (sparsemixer:
+                                          # PhiMoE's two rounds of a masked softmax, top-2)
+    mixer_eps: float = 0.0                # sparsemixer's jitter_eps
+    router_bias: bool = False             # the router's Linear adds its bias (GPT-OSS)
+    router_fp32: bool = False             # logits from float32 h and weights (DeepSeek V3)
+    choice_bias: str | None = None        # a per-expert bias (E,) added to the scores for
+                                          # choosing only (e_score_correction_bias)
+    groups: int = 1                       # experts in n equal groups; only the best
+    topk_groups: int = 1                  # topk_groups groups are eligible, a group scoring
+    group_score_top: int = 1              # the sum of its best group_score_top choice scores
+    renorm_floor: float = 0.0             # the renormalising sum clamped to at least this
+    routed_scale: float = 1.0             # times the routed weights (routed_scaling_factor)
+    swiglu: tuple[float, float, float] | None = None  # (alpha, beta, limit): experts compute
+                                          # clamp(g, max=limit)·σ(alpha·that)·(clamp(u, ±limit)
+                                          # + beta) instead of act(g)·u (GPT-OSS)
+
+
+@dataclass(frozen=True)
+class LatentSpec:
+    """Multi-head latent attention (DeepSeek V2/V3; latent.py computes it).
+
+    Paths are from the attention module. Each token keeps a normed latent c (`rank`) and a
+    rotated key part (`rope_dims`) shared by every head; kv_b_proj maps c to each head's
+    key part (`nope_dims`) and value (`v_dims`); the query comes from q_proj, or from q_a_proj,
+    q_a_layernorm and q_b_proj where the model has a query rank.
+    """
+
+    rank: int                             # kv_lora_rank
+    rope_dims: int                        # qk_rope_head_dim
+    nope_dims: int                        # qk_nope_head_dim
+    v_dims: int                           # v_head_dim
+    q_rank: bool                          # q_lora_rank set: q through q_a -> norm -> q_b
+    deinterleave: bool = False            # the rotary dims reordered (0, 2, 4, .. | 1, 3, ..)
+                                          # before rotate-half RoPE (DeepSeek V3's rope_interleave)
 
 
 @dataclass(frozen=True)
@@ -60,6 +99,8 @@ class Adapter:
     project_out: str | None = None        # before the LM head
     positions: Positions = "rope"
     rotary: str = "model.rotary_emb"      # rope: module with inv_freq and attention_scaling
+    rope_scale: float | None = None       # the cos/sin scale where the model applies another
+                                          # than attention_scaling (PhiMoE's short_mscale)
     layer_rope: tuple[str | None, ...] | None = None  # per layer: the rotary module's table
                                           # prefix (Gemma 3: "sliding_attention_"), None: no
                                           # RoPE on that layer (SmolLM3); None: "" everywhere
@@ -103,10 +144,10 @@ class Adapter:
     o: str = "o_proj"
     q_norm: str | None = None             # norms on q and k (Qwen 3, OLMo 2)
     k_norm: str | None = None
+    qk_norm_after_rope: bool = False      # the q/k norms read the rotated q, k (HunYuan)
     qk_norm_over: QkNormOver = "head"     # what they read: (B, T, n, D) per head, (B, n, T, D)
                                           # (StableLM's per-head module list), or the whole
                                           # projection (B, T, n·D) (OLMo 2)
-    qk_norm_after_rope: bool = False      # the q/k norms read the rotated q, k (HunYuan)
     head_dim: str = "head_dim"            # attribute names on the attention module
     scaling: str | None = "scaling"       # None: q·k unscaled (GPT-Neo)
     num_kv_heads: int | None = None       # None: config.num_key_value_heads, else all heads
@@ -118,8 +159,11 @@ class Adapter:
                                           # 1 + beta·log(1 + floor(position / period)) after
                                           # RoPE (Llama 4's attention temperature; Ministral 3)
     scores_fp32: bool = False             # q·k computed in float32 (GPT-J: float16 overflows)
+    attn_sinks: str | None = None         # per-head logits (H,) that join each softmax as one
+                                          # more key without a value (GPT-OSS's sinks)
     reference_attn: str | None = None     # attention implementation parity compares against
     moe: MoeSpec | None = None            # mixture-of-experts layers
+    latent: LatentSpec | None = None      # multi-head latent attention instead of q/k/v
 
 
 def sliding_windows(config: Any) -> tuple[int | None, ...]:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from .adapters import Adapter
+from .latent import latent_output, latent_qkv
 from .positions import Rope
 
 _NEG = -1e30  # additive mask; finite so that softmax never sees -inf - -inf
@@ -53,7 +54,8 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
                   ├─ k ─ k_norm ─ rope ─ cat(past) ─ softmax(q·kᵀ·s [capped] + bias) · v ─ o
                   └─ v ──────────────── cat(past) ─┘
 
-    (OLMoE clamps q, k and v to ±qkv_clip after the norms; HunYuan norms q and k after RoPE.)
+    (OLMoE clamps q, k and v to ±qkv_clip after the norms; HunYuan norms q and k after RoPE;
+    GPT-OSS's sinks join the softmax as one more score per head.)
     """
     B, T, _ = h.shape
     Hkv, G, D = heads.num_kv_heads, heads.groups, heads.head_dim
@@ -61,7 +63,11 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
         # one projection into [q | k | v], which the kernel reads packed (and rotates itself)
         return _ort_attention(attn, a, heads, scaling, h, ort.packed(h), None, None, past_k,
                               past_v, ort)
-    q, k, v = _project(attn, a, heads, h)                           # (B, T, H|Hkv, D)
+    if a.latent is not None:                                        # DeepSeek's MLA
+        q, k, v = latent_qkv(attn, a.latent, rope, cos_sin, h)
+        rope = None                                                 # (rotated already)
+    else:
+        q, k, v = _project(attn, a, heads, h)                       # (B, T, H|Hkv, D)
     if a.q_norm is not None and not a.qk_norm_after_rope:
         q, k = _qk_norm(attn, a, q, k)
     if a.qkv_clip is not None:                                      # OLMoE's clip_qkv
@@ -84,11 +90,17 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
     scores = torch.matmul(qg, kt).float() * scaling                 # (B, Hkv, G, T, S)
     if a.attn_softcap is not None:
         scores = torch.tanh(scores / a.attn_softcap) * a.attn_softcap
-    probs = torch.softmax(scores + bias, dim=-1).to(h.dtype)
+    scores = scores + bias
+    if a.attn_sinks is not None:                                    # one more key, no value
+        sinks = getattr(attn, a.attn_sinks).float().view(1, Hkv, G, 1, 1)
+        scores = torch.cat((scores, sinks.expand(B, Hkv, G, T, 1)), dim=-1)  # (B,Hkv,G,T,S+1)
+        probs = torch.softmax(scores, dim=-1)[..., :-1].to(h.dtype)
+    else:
+        probs = torch.softmax(scores, dim=-1).to(h.dtype)
     vs = values.permute(0, 2, 1, 3)[:, :, None]                     # (B, Hkv, 1, S, D)
     out = torch.matmul(probs, vs)                                   # (B, Hkv, G, T, D)
     out = out.permute(0, 3, 1, 2, 4).reshape(B, T, Hkv * G * D)
-    return getattr(attn, a.o)(out), k, v
+    return _output(attn, a, out), k, v
 
 
 @dataclass(frozen=True)
@@ -115,9 +127,15 @@ def _ort_attention(attn, a: Adapter, heads: Heads, scaling: float, h, q, k, v, c
         *(x if x is None or x.dim() == 3 else x.reshape(B, T, -1) for x in (q, k, v)),
         cache_k, cache_v,
         o.seqlens_k, o.total_len, o.cos_cache, o.sin_cache, o.position_ids,
+        None if a.attn_sinks is None else getattr(attn, a.attn_sinks),
         heads.num_heads, heads.num_kv_heads, scaling, float(a.attn_softcap or 0.0), o.window,
         int(o.do_rotary))
-    return getattr(attn, a.o)(out), cache_k, cache_v
+    return _output(attn, a, out), cache_k, cache_v
+
+
+def _output(attn: nn.Module, a: Adapter, out: torch.Tensor) -> torch.Tensor:
+    """The heads' outputs (B, T, H·D) through the output projection."""
+    return latent_output(attn, a.latent, out) if a.latent is not None else getattr(attn, a.o)(out)
 
 
 def _qk_norm(attn: nn.Module, a: Adapter, q: torch.Tensor, k: torch.Tensor):

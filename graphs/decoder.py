@@ -20,8 +20,11 @@ from torch import nn
 
 from .adapters import Adapter, get_path, sliding_windows
 from .attention import Heads, OrtAttention, attention, causal_mask
-from .moe import check_moe, cost_note, interleaved_gate_up, moe, uses_kernel
+from .moe import check_moe, cost_note, kernel_refusal, kernel_weights, moe, moe_block
 from .positions import Rope, alibi_bias, alibi_slopes, log_position_scale
+
+
+_KERNEL_WEIGHTS = ("fc1", "fc1_bias", "fc2", "fc2_bias")     # moe.kernel_weights, per layer
 
 
 class Decoder(nn.Module):
@@ -44,7 +47,9 @@ class Decoder(nn.Module):
         attn = [get_path(layer, a.attn) for layer in self.layers]
         num_heads = config.num_attention_heads
         num_kv_heads = a.num_kv_heads or getattr(config, "num_key_value_heads", None) or num_heads
-        self.heads = Heads(num_heads, num_kv_heads, int(getattr(attn[0], a.head_dim)))
+        head_dim = a.latent.rank + a.latent.rope_dims if a.latent is not None \
+            else int(getattr(attn[0], a.head_dim))
+        self.heads = Heads(num_heads, num_kv_heads, head_dim)
         # GPT-2 may scale per layer; GPT-Neo does not scale
         self.scalings = [1.0 if a.scaling is None else float(getattr(m, a.scaling)) for m in attn]
         self.windows = a.windows or sliding_windows(config)
@@ -119,18 +124,21 @@ class Decoder(nn.Module):
 
     def _init_moe(self, source: str) -> None:
         """Mixture-of-experts layers (moe.py): dense, or in the `ort` flavour ONNX Runtime's
-        MoE kernel for SiLU experts (it reads gate and up interleaved: one copy per layer)."""
+        MoE kernel where it computes them (its weights laid out as it reads them: a copy)."""
         spec, ort = self.adapter.moe, self.flavour == contract.ORT
         self.moe_layers = frozenset(spec.layers if spec is not None else ())
-        self.moe_kernel = spec is not None and ort and uses_kernel(spec)
-        self.moe_note = ""
-        self.moe_kind = "none" if not self.moe_layers else "kernel" if self.moe_kernel else "dense"
+        self.moe_kernel, self.moe_note, self.moe_kind = False, "", "none"
         if spec is None or not spec.layers:
             return
-        self.moe_note = cost_note(spec, check_moe(self.layers, spec, source), ort)
+        num_experts = check_moe(self.layers, spec, source)
+        refusal = kernel_refusal(self.layers, spec)
+        self.moe_kernel = ort and not refusal
+        self.moe_kind = "kernel" if self.moe_kernel else "dense"
+        self.moe_note = cost_note(spec, num_experts, ort, refusal)
         for i in spec.layers if self.moe_kernel else ():
-            fc1 = interleaved_gate_up(getattr(self.layers[i], spec.block), spec)
-            self.register_buffer(f"moe_fc1_{i}", fc1, persistent=False)
+            for name, w in zip(_KERNEL_WEIGHTS, kernel_weights(moe_block(self.layers[i], spec),
+                                                               spec)):
+                self.register_buffer(f"moe_{name}_{i}", w, persistent=False)
 
     def _rope(self, i: int) -> Rope | None:
         key = self.rope_keys[i]
@@ -232,8 +240,9 @@ class Decoder(nn.Module):
     def _mlp(self, i: int, h: torch.Tensor) -> torch.Tensor:
         a, layer = self.adapter, self.layers[i]
         if i in self.moe_layers:
-            fc1 = getattr(self, f"moe_fc1_{i}") if self.moe_kernel else None
-            h = moe(getattr(layer, a.moe.block), a.moe, h, fc1)
+            kernel = tuple(getattr(self, f"moe_{name}_{i}") for name in _KERNEL_WEIGHTS) \
+                if self.moe_kernel else None
+            h = moe(moe_block(layer, a.moe), a.moe, h, kernel)
         else:
             for name in a.mlp:
                 h = get_path(layer, name)(h)
@@ -262,7 +271,7 @@ def _ropes(model: nn.Module, a: Adapter, n_layers: int) -> tuple[nn.ModuleDict, 
         if key is not None and key not in ropes:
             ropes[key] = Rope.from_base(*a.rope_base, a.rope_interleaved, a.rope_precision) \
                 if a.rope_base else Rope.from_module(rotary, prefix, a.rope_interleaved,
-                                                     a.rope_precision)
+                                                     a.rope_precision, a.rope_scale)
     return ropes, keys
 
 

@@ -36,14 +36,15 @@ class Rope(nn.Module):
 
     @classmethod
     def from_module(cls, rotary: nn.Module, prefix: str = "", interleaved: bool = False,
-                    precision: RopePrecision = "model") -> Rope:
+                    precision: RopePrecision = "model", scale: float | None = None) -> Rope:
         """From a Hugging Face rotary module's `{prefix}inv_freq` and `{prefix}attention_scaling`
-        (Gemma 3 keeps one pair per layer type: prefix "sliding_attention_")."""
+        (Gemma 3 keeps one pair per layer type: prefix "sliding_attention_"), or `scale`."""
         # the load-time frequencies, even if a long forward pass has since changed inv_freq
         inv_freq = getattr(rotary, f"{prefix}original_inv_freq", None)
         inv_freq = getattr(rotary, f"{prefix}inv_freq") if inv_freq is None else inv_freq
-        return cls(inv_freq, float(getattr(rotary, f"{prefix}attention_scaling", 1.0)), interleaved,
-                   precision)
+        if scale is None:
+            scale = float(getattr(rotary, f"{prefix}attention_scaling", 1.0))
+        return cls(inv_freq, scale, interleaved, precision)
 
     @classmethod
     def from_base(cls, base: float, rotary_dim: int, interleaved: bool = False,

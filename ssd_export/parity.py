@@ -162,13 +162,16 @@ def _kv_diff(ours: np.ndarray, first: int, ref: np.ndarray, past_len: int) -> fl
     """Max |diff| of our new rows (1, T, Hkv, D) against the rows Hugging Face kept, if any.
 
     Where Hugging Face stores each KV head repeated for its query group (Falcon's new
-    decoder architecture), one copy per group is compared.
+    decoder architecture), one copy per group is compared; where it stores fewer numbers per
+    head (multi-head latent attention: the latent as keys, the rotated key part as values,
+    which lead our key [c | k_rot] and value [k_rot | c]), the leading ones.
     """
     start, stop = max(past_len, first), min(past_len + ours.shape[1], first + ref.shape[1])
-    if start >= stop or ref.shape[2] % ours.shape[2]:
+    if start >= stop or ref.shape[2] % ours.shape[2] or ref.shape[3] > ours.shape[3]:
         return None
     ref = ref[:, start - first:stop - first, ::ref.shape[2] // ours.shape[2]]
-    return float(np.abs(ours[:, start - past_len:stop - past_len].astype(np.float32) - ref).max())
+    ours = ours[:, start - past_len:stop - past_len, :, :ref.shape[3]]
+    return float(np.abs(ours.astype(np.float32) - ref).max())
 
 
 @contextmanager

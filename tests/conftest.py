@@ -40,7 +40,9 @@ def pytest_collection_modifyitems(config, items):
 NEWER = ("gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm", "gpt_bigcode",
          "gptj", "cohere")
 # mixture-of-experts families
-MOE = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
+MOE = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "granitemoe", "granitemoeshared", "gpt_oss",
+       "ernie4_5_moe", "hunyuan_v1_moe", "glm4_moe", "dots1", "phimoe",
+       "deepseek_v3", "deepseek_v2")
 # legacy and misc families (tiny.LEGACY) that brought a new mechanism: a truncated draft each
 LEGACY_CUT = ("gpt_neo", "bloom", "codegen")
 # dense families added after them (HunYuan and Ministral 3, with new mechanisms, get drafts)

@@ -44,15 +44,22 @@ KINDS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gpt2"
          "falcon", "gemma3", "starcoder2", "granite", "olmo2", "smollm3", "phi", "stablelm",
          "gpt_bigcode", "gptj", "cohere", "ministral", "exaone4", "glm4", "glm", "ernie4_5",
          "hunyuan", "olmo3", "olmo", "seed_oss", "cohere2", "vaultgemma", "ministral3",
-         "qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
+         "qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "granitemoe", "granitemoeshared", "gpt_oss",
+         "ernie4_5_moe", "hunyuan_v1_moe", "glm4_moe", "dots1", "phimoe",
+         "deepseek_v3", "deepseek_v2")
 LEGACY = ("nemotron", "arcee", "helium", "apertus", "gpt_neo", "bloom", "mpt", "codegen")
 KINDS += LEGACY
 # a sliding window shorter than parity's prompt on the first of two layers
 SLIDING_FULL = dict(sliding_window=8, layer_types=["sliding_attention", "full_attention"])
-# kinds whose fixture models get norm weights other than ones (see randomise_norms)
-RANDOM_NORMS = ("hunyuan",)
 # mixture of experts: 4 experts of 32, 2 per token
 MOE = dict(num_experts_per_tok=2)
+SIGMOID_GROUPED = dict(n_routed_experts=4, moe_intermediate_size=32, n_shared_experts=1,
+                       n_group=2, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5)
+MLA = dict(num_key_value_heads=4, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16,
+           v_head_dim=12)
+YARN = dict(rope_type="yarn", rope_theta=150000.0, beta_fast=32.0, beta_slow=1.0, truncate=False)
+GRANITE = dict(embedding_multiplier=6.0, residual_multiplier=0.5, attention_multiplier=0.125,
+               logits_scaling=3.0)
 
 
 def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra):
@@ -91,9 +98,7 @@ def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra
                                         "sliding_window_pattern": 2,
                                         "query_pre_attn_scalar": hidden // 4}),
         "starcoder2": ("Starcoder2Config", {**llama_like, "sliding_window": 16}),
-        "granite": ("GraniteConfig", {**llama_like, "embedding_multiplier": 6.0,
-                                      "residual_multiplier": 0.5, "attention_multiplier": 0.125,
-                                      "logits_scaling": 3.0}),
+        "granite": ("GraniteConfig", {**llama_like, **GRANITE}),
         "olmo2": ("Olmo2Config", llama_like),
         "smollm3": ("SmolLM3Config", {**llama_like, "no_rope_layer_interval": 2}),  # RoPE, NoPE
         "phi": ("PhiConfig", {**plain, "intermediate_size": 2 * hidden, "initializer_range": 0.25}),
@@ -167,6 +172,50 @@ def config_for(kind: str, vocab: int, layers: int = 2, hidden: int = 64, **extra
         "codegen": ("CodeGenConfig", dict(vocab_size=vocab, n_positions=256, n_embd=hidden,
                                           n_layer=layers, n_head=8, n_inner=2 * hidden,
                                           rotary_dim=4, initializer_range=0.25, **ids)),
+        # Granite's multipliers around the experts; the shared variant adds a dense MLP
+        "granitemoe": ("GraniteMoeConfig", {**llama_like, **MOE, **GRANITE, "num_local_experts": 4,
+                                            "intermediate_size": 32}),
+        "granitemoeshared": ("GraniteMoeSharedConfig", {
+            **llama_like, **MOE, **GRANITE, "num_local_experts": 4, "intermediate_size": 32,
+            "shared_intermediate_size": 48}),
+        # sinks, a sliding (shorter than the parity prompt) then a full layer, a SwiGLU clamp
+        # low enough to bite
+        "gpt_oss": ("GptOssConfig", {**llama_like, **MOE, "head_dim": hidden // 4,
+                                     "num_local_experts": 4, "intermediate_size": 32,
+                                     "sliding_window": 8, "swiglu_limit": 2.0,
+                                     "rope_parameters": {**YARN, "factor": 32.0,
+                                                         "original_max_position_embeddings": 8}}),
+        # a dense layer then an MoE one with a shared expert, biased projections, tied
+        "ernie4_5_moe": ("Ernie4_5_MoeConfig", {
+            **llama_like, **MOE, "moe_num_experts": 4, "moe_intermediate_size": 32,
+            "moe_num_shared_experts": 1, "moe_layer_start_index": 1, "use_bias": True,
+            "tie_word_embeddings": True}),
+        # q/k norms after RoPE, a shared MLP beside the experts, a float32 router
+        "hunyuan_v1_moe": ("HunYuanMoEV1Config", {
+            **llama_like, "num_experts": 4, "moe_topk": 2, "intermediate_size": 32,
+            "head_dim": hidden // 4}),
+        # a dense layer then sigmoid routing within the best of 2 groups, scaled; q/k norms,
+        # partial rotary (GLM's default half)
+        "glm4_moe": ("Glm4MoeConfig", {**llama_like, **MOE, **SIGMOID_GROUPED,
+                                       "first_k_dense_replace": 1, "use_qk_norm": True}),
+        # sigmoid routing on every layer, not renormalised; the second layer slides (8)
+        "dots1": ("Dots1Config", {**llama_like, **MOE, **SIGMOID_GROUPED, "n_group": 1,
+                                  "topk_group": 1, "norm_topk_prob": False, "head_dim": hidden // 4,
+                                  "sliding_window": 8, "max_window_layers": 1}),
+        # sparsemixer routing (a wide jitter_eps, so that its masks bite), biased attention
+        # and LM head
+        "phimoe": ("PhimoeConfig", {**llama_like, **MOE, "num_local_experts": 4,
+                                    "intermediate_size": 32, "router_jitter_noise": 0.3,
+                                    "attention_bias": True, "lm_head_bias": True}),
+        # multi-head latent attention (a query rank, de-interleaved RoPE; value heads of 12
+        # beside key heads of 24), then V3's sigmoid routing after a dense layer
+        "deepseek_v3": ("DeepseekV3Config", {**llama_like, **MOE, **SIGMOID_GROUPED, **MLA,
+                                             "first_k_dense_replace": 1, "q_lora_rank": 24}),
+        # MLA without a query rank, RoPE on interleaved pairs; softmax routing within the best
+        # of 2 groups, scaled
+        "deepseek_v2": ("DeepseekV2Config", {
+            **llama_like, **MOE, **SIGMOID_GROUPED, **MLA, "first_k_dense_replace": 1,
+            "q_lora_rank": None, "topk_method": "group_limited_greedy"}),
     }
     if kind not in table:
         raise ValueError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")
@@ -180,19 +229,24 @@ def build_model(folder: Path, kind: str, tokenizer, seed: int, **config_extra) -
     torch.manual_seed(seed)
     config = config_for(kind, len(tokenizer), **config_extra)
     model = AutoModelForCausalLM.from_config(config).eval()
-    if kind in RANDOM_NORMS:
-        randomise_norms(model)
+    draw_constant_init(model)
     _save(model, tokenizer, folder)
     return folder
 
 
-def randomise_norms(model) -> None:
-    """Norm weights drawn from [0.5, 1.5] instead of ones: a per-head RMSNorm with unit weights
-    commutes with RoPE, which would hide where a family applies it."""
+# parameters that init sets to a constant which would hide a wrong graph: (mean, std) drawn
+DRAWN = {"e_score_correction_bias": (0.0, 0.5),    # zero: selection as without the bias
+         "query_layernorm.weight": (1.0, 0.5),     # one: q/k norms commute with RoPE
+         "key_layernorm.weight": (1.0, 0.5)}
+
+
+def draw_constant_init(model) -> None:
+    """Draw the DRAWN parameters and buffers of a freshly initialised model."""
     with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name and param.dim() == 1:
-                param.uniform_(0.5, 1.5)
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            for suffix, (mean, std) in DRAWN.items():
+                if name.endswith(suffix):
+                    tensor.normal_(mean, std)
 
 
 def truncate(source: Path, folder: Path, layers: int, tokenizer) -> Path:

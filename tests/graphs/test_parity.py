@@ -25,6 +25,11 @@ CASES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": 
          "gptj": "GPTJForCausalLM", "cohere": "CohereForCausalLM",
          "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
          "mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM",
+         "granitemoe": "GraniteMoeForCausalLM", "granitemoeshared": "GraniteMoeSharedForCausalLM",
+         "gpt_oss": "GptOssForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
+         "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
+         "dots1": "Dots1ForCausalLM", "phimoe": "PhimoeForCausalLM",
+         "deepseek_v3": "DeepseekV3ForCausalLM", "deepseek_v2": "DeepseekV2ForCausalLM",
          "ministral": "MinistralForCausalLM", "exaone4": "Exaone4ForCausalLM",
          "glm4": "Glm4ForCausalLM", "glm": "GlmForCausalLM", "ernie4_5": "Ernie4_5ForCausalLM",
          "hunyuan": "HunYuanDenseV1ForCausalLM", "olmo3": "Olmo3ForCausalLM",
@@ -83,6 +88,21 @@ VARIANTS = {
     # EXAONE 4 without a sliding window: RoPE on every layer
     "exaone4_no_window": ("exaone4", {"sliding_window": None,
                                       "layer_types": ["full_attention"] * 2}, MAX_CONTEXT),
+    # Phi-3.5-MoE's longrope: cos/sin scaled by short_mscale (not the rotary module's
+    # attention_scaling) up to original_max_position_embeddings; a sliding window
+    "phimoe_longrope": ("phimoe", {"sliding_window": 8, "rope_parameters": {
+        **_ROPE, "rope_type": "longrope", "short_factor": [1.5] * 8, "long_factor": [4.0] * 8,
+        "short_mscale": 1.25, "long_mscale": 1.5, "original_max_position_embeddings": 64}}, 64),
+    # DeepSeek V3 without a query rank, plain rotate-half RoPE, biased projections and YaRN
+    # whose mscale_all_dim scales the attention
+    "deepseek_v3_yarn": ("deepseek_v3", {"q_lora_rank": None, "rope_interleave": False,
+                                         "attention_bias": True, "rope_parameters": {
+        **_ROPE, "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+        "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0}},
+        MAX_CONTEXT),
+    # Hunyuan-A13B's RoPE: labelled dynamic, static frequencies from a fixed NTK alpha
+    "hunyuan_ntk_alpha": ("hunyuan_v1_moe", {"rope_parameters": {
+        **_ROPE, "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0}}, MAX_CONTEXT),
 }
 
 
@@ -322,6 +342,10 @@ def test_moe_runs_dense_in_plain_onnx_and_on_the_kernel_in_the_ort_flavour(expor
     gelu = exported_ort["mixtral_gelu"]
     assert ("com.microsoft", "MoE") not in ops(gelu.path)
     assert "dense" in gelu.moe_note and "SiLU experts, not gelu" in gelu.moe_note
+    biased = exported_ort["ernie4_5_moe"]           # a selection-only bias: dense in ort too
+    assert ("com.microsoft", "MoE") not in ops(biased.path)
+    assert "dense" in biased.moe_note and "not this model's routing" in biased.moe_note
+    assert ("com.microsoft", "MoE") in ops(exported_ort["gpt_oss"].path)   # clamped SwiGLU
     assert exported["llama"][1].moe_note == ""
 
 
@@ -335,9 +359,9 @@ def test_qwen3_moe_mixes_dense_and_moe_layers(models):
 
 @pytest.mark.parametrize("change,match", [
     ("router_bias", r"layer 0's mixture-of-experts block has a router \(Qwen3MoeTopKRouter\) "
-                    r"that is not a bias-free linear map.*softmax-then-top-k"),
+                    r"that is not a bias-free linear map.*top-k routing"),
     ("experts_bias", r"layer 0's mixture-of-experts block stores its experts "
-                     r"\(Qwen3MoeExperts: has_bias=True\) in a layout ssd-export does not"),
+                     r"\(Qwen3MoeExperts: has_bias=True without gate_up_proj_bias"),
     ("top_k", r"routes to the top 5 of 4 logits over 4 experts"),
 ])
 def test_unsupported_moe_variants_are_refused(exported, change, match):
@@ -386,3 +410,30 @@ def test_float16_rope_is_computed_where_hugging_face_computes_it(kind):
         ref = model(ids, use_cache=True)["cache"].layers[0].keys          # (1, Hkv, S, D)
     ref = ref.transpose(1, 2)                 # a sliding layer keeps only its last rows
     assert torch.equal(keys[:, -ref.shape[1]:], ref)
+
+
+def test_per_layer_moe_top_k_is_refused():
+    config = tiny.config_for("hunyuan_v1_moe", tiny.VOCAB, moe_topk=[2, 1])
+    with pytest.raises(ConfigError, match=r"per-layer moe_topk \[2, 1\].*one top-k"):
+        REGISTRY["HunYuanMoEV1ForCausalLM"](config)
+
+
+def test_unknown_deepseek_v2_routing_is_refused():
+    config = tiny.config_for("deepseek_v2", tiny.VOCAB, topk_method="noaux_tc")
+    with pytest.raises(ConfigError, match=r"topk_method 'noaux_tc'.*'greedy' and "):
+        REGISTRY["DeepseekV2ForCausalLM"](config)
+
+
+def test_moe_kernel_takes_router_logits_in_the_experts_dtype():
+    """HunYuan keeps its router in float32 in a float16 model (and Hugging Face casts h up);
+    ONNX Runtime's MoE kernel takes the logits in the experts' dtype: dense in the ort flavour."""
+    from transformers import AutoModelForCausalLM
+
+    from ssd_graphs.decoder import Decoder
+    from ssd_graphs.registry import adapter_for
+
+    config = tiny.config_for("hunyuan_v1_moe", tiny.VOCAB, layers=1)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float16).eval()
+    decoder = Decoder(model, adapter_for(model, "hunyuan"), "ort", 64, "hunyuan")
+    assert decoder.moe_kind == "dense" and "router's weights are float32" in decoder.moe_note
+    assert Decoder(model.float(), adapter_for(model, "hunyuan"), "ort", 64).moe_kind == "kernel"

@@ -32,6 +32,10 @@ PAIRS += [(name, f"{name}_cut") for name in ("qwen3_moe", "qwen2_moe", "mixtral"
 PAIRS += [(name, f"{name}_cut") for name in ("gpt_neo", "bloom", "codegen")]
 # q/k norms after RoPE (HunYuan), queries scaled by position (Ministral 3)
 PAIRS += [(name, f"{name}_cut") for name in ("hunyuan", "ministral3")]
+# attention sinks and a clamped SwiGLU on the MoE kernel, sliding and full layers in turn
+PAIRS += [("gpt_oss", "gpt_oss_cut")]
+# multi-head latent attention: one KV head of latent + rotated key part, the latent as values
+PAIRS += [("deepseek_v3", "deepseek_v3_cut")]
 
 # The pairs above run in the graph flavour ssd-export writes by default here ("ort" where it
 # fits; ALiBi stays standard); these run in the standard graph that GPU bundles carry too.
