@@ -68,13 +68,13 @@ def test_not_a_causal_lm(models, out, tmp_path):
 
 
 def test_unsupported_architecture_lists_supported(models, out, tmp_path):
-    from transformers import BloomConfig
+    from transformers import MambaConfig       # a state-space model: no KV cache to export
 
-    folder = tmp_path / "bloom"
-    BloomConfig(architectures=["BloomForCausalLM"]).save_pretrained(folder)
+    folder = tmp_path / "mamba"
+    MambaConfig(architectures=["MambaForCausalLM"]).save_pretrained(folder)
     proc = export_cli(folder, models["llama"], out)
     assert_clean_error(proc, "ssd-export",
-                       r"BloomForCausalLM is not supported\. Supported: .*LlamaForCausalLM.*"
+                       r"MambaForCausalLM is not supported\. Supported: .*LlamaForCausalLM.*"
                        r"MistralForCausalLM.*Qwen2ForCausalLM")
     assert_nothing_written(out)
 
