@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Literal, Sequence
+from typing import Any, Iterator, Literal, Sequence
 
 from .acceptance import make_rule
 from .backends import Threads, open_backend
@@ -65,19 +65,10 @@ class Generator:
         return cls(root, read_manifest(root, verify=verify), backend, threads, fused_heads)
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128,
-                 k: int | Literal["auto"] = "auto",
-                 temperature: float | None = None, top_k: int | None = None,
-                 top_p: float | None = None, seed: int | None = None,
-                 stop: Sequence[str] | None = None, mode: Mode = "sequential",
-                 repetition_penalty: float | None = None,
-                 presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-                 logit_bias: dict[int, float] | None = None, min_new_tokens: int = 0,
-                 ignore_eos: bool = False) -> GenerationResult:
-        for _ in self.stream(prompt, max_new_tokens, k, temperature, top_k, top_p, seed, stop,
-                             mode, repetition_penalty=repetition_penalty,
-                             presence_penalty=presence_penalty,
-                             frequency_penalty=frequency_penalty, logit_bias=logit_bias,
-                             min_new_tokens=min_new_tokens, ignore_eos=ignore_eos):
+                 k: int | Literal["auto"] = "auto", **settings: Any) -> GenerationResult:
+        """The whole generation at once; `settings` are stream()'s (temperature, top_k, top_p,
+        seed, stop, mode, the logits processors, ignore_eos)."""
+        for _ in self.stream(prompt, max_new_tokens, k, **settings):
             pass
         assert self.last_result is not None
         return self.last_result
