@@ -127,18 +127,22 @@ class Decoder(nn.Module):
         MoE kernel where it computes them (its weights laid out as it reads them: a copy)."""
         spec, ort = self.adapter.moe, self.flavour == contract.ORT
         self.moe_layers = frozenset(spec.layers if spec is not None else ())
-        self.moe_kernel, self.moe_note, self.moe_kind = False, "", "none"
+        self.moe_kernel, self.moe_note = False, ""
         if spec is None or not spec.layers:
             return
         num_experts = check_moe(self.layers, spec, source)
         refusal = kernel_refusal(self.layers, spec)
         self.moe_kernel = ort and not refusal
-        self.moe_kind = "kernel" if self.moe_kernel else "dense"
         self.moe_note = cost_note(spec, num_experts, ort, refusal)
         for i in spec.layers if self.moe_kernel else ():
             for name, w in zip(_KERNEL_WEIGHTS, kernel_weights(moe_block(self.layers[i], spec),
                                                                spec)):
                 self.register_buffer(f"moe_{name}_{i}", w, persistent=False)
+
+    @property
+    def moe_kind(self) -> str:
+        """How the MoE layers run (contract.MOES): none, dense or kernel."""
+        return "kernel" if self.moe_kernel else "dense" if self.moe_layers else "none"
 
     def _rope(self, i: int) -> Rope | None:
         key = self.rope_keys[i]

@@ -1,6 +1,7 @@
 """One builder per dense family: a Hugging Face config -> the Adapter its model needs."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ssd_runtime.errors import ConfigError
@@ -153,7 +154,7 @@ def _gptj(config: Any) -> Adapter:
 def _cohere(config: Any) -> Adapter:
     # Command-R: parallel residual on one norm, interleaved RoPE, logits times logit_scale,
     # optional per-head q/k norms
-    norms = bool(config.use_qk_norm)
+    norms = bool(getattr(config, "use_qk_norm", False))          # Cohere2's config has none
     return Adapter(mlp_norm=None, residual="parallel", rope_interleaved=True,
                    rope_precision="float32_rounded_tables",
                    q_norm="q_norm" if norms else None, k_norm="k_norm" if norms else None,
@@ -193,18 +194,15 @@ def _olmo(config: Any) -> Adapter:
 
 def _olmo3(config: Any) -> Adapter:
     # OLMo 2 with sliding-window layers, and a RoPE table per layer type (like Gemma 3)
-    return Adapter(input_norm=None, attn_out_norm="post_attention_layernorm", mlp_norm=None,
-                   mlp_out_norm="post_feedforward_layernorm", q_norm="q_norm", k_norm="k_norm",
-                   qk_norm_over="projection", rope_precision="float32",
-                   layer_rope=tuple(f"{t}_" for t in config.layer_types[:config.num_hidden_layers]))
+    return replace(_olmo2(config), layer_rope=tuple(
+        f"{t}_" for t in config.layer_types[:config.num_hidden_layers]))
 
 
 def _cohere2(config: Any) -> Adapter:
-    # Command R7B / A: Cohere's parallel block; RoPE on the sliding layers only
+    # Command R7B / A: Cohere's parallel block (no q/k norms); RoPE on the sliding layers only
     rope = tuple("" if t == "sliding_attention" and config.sliding_window else None
                  for t in config.layer_types[:config.num_hidden_layers])
-    return Adapter(mlp_norm=None, residual="parallel", rope_interleaved=True, layer_rope=rope,
-                   rope_precision="float32_rounded_tables", logit_scale=config.logit_scale)
+    return replace(_cohere(config), layer_rope=rope)
 
 
 def _vaultgemma(config: Any) -> Adapter:

@@ -1,11 +1,13 @@
 """One builder per mixture-of-experts family: a Hugging Face config -> its Adapter and MoeSpec."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ssd_runtime.errors import ConfigError
 
 from .adapters import Adapter, LatentSpec, MoeSpec
+from .families import _granite, _hunyuan_dense
 
 
 def _qwen_sparse_layers(config: Any) -> tuple[int, ...]:
@@ -46,17 +48,15 @@ def _olmoe(config: Any) -> Adapter:
 
 
 def _granite_moe(config: Any) -> Adapter:
-    # Granite's multipliers (families._granite) around a Mixtral-style block; its router takes
-    # the softmax of the top-k logits, which is the renormalised top-k of the softmax
-    # GraniteMoeShared adds a dense MLP on the layer (not in the block) summed with it
+    # Granite's multipliers around a Mixtral-style block; its router takes the softmax of the
+    # top-k logits, which is the renormalised top-k of the softmax. GraniteMoeShared adds a
+    # dense MLP on the layer (not in the block) summed with it
     shared = "shared_mlp" if getattr(config, "shared_intermediate_size", 0) else None
-    return Adapter(embed_scale=config.embedding_multiplier,
-                   residual_scale=config.residual_multiplier,
-                   logit_scale=1.0 / config.logits_scaling, moe=MoeSpec(
-                       layers=tuple(range(config.num_hidden_layers)),
-                       top_k=config.num_experts_per_tok, renormalise=True,
-                       activation=config.hidden_act, block=None, router="block_sparse_moe.router",
-                       experts="block_sparse_moe.experts", shared_expert=shared))
+    return replace(_granite(config), moe=MoeSpec(
+        layers=tuple(range(config.num_hidden_layers)), top_k=config.num_experts_per_tok,
+        renormalise=True, activation=config.hidden_act, block=None,
+        router="block_sparse_moe.router", experts="block_sparse_moe.experts",
+        shared_expert=shared))
 
 
 def _gpt_oss(config: Any) -> Adapter:
@@ -85,20 +85,19 @@ def _ernie4_5_moe(config: Any) -> Adapter:
 
 
 def _hunyuan_moe(config: Any) -> Adapter:
-    # q/k norms after RoPE; experts on every layer plus a shared MLP; top-k may be per layer
-    top_k = config.moe_topk if isinstance(config.moe_topk, int) else set(config.moe_topk)
-    experts = config.num_experts if isinstance(config.num_experts, int) else set(config.num_experts)
-    if isinstance(top_k, set) or isinstance(experts, set):
-        if len(top_k) != 1 or len(experts) != 1:
-            raise ConfigError(f"HunYuan MoE with per-layer moe_topk {config.moe_topk} / "
-                              f"num_experts {config.num_experts}: ssd-export computes one top-k "
-                              f"over one number of experts. ---> HINT: no fix short of a graph "
-                              f"per layer setting; this checkpoint is not supported.")
-        top_k = next(iter(top_k)) if isinstance(top_k, set) else top_k
-    return Adapter(q_norm="query_layernorm", k_norm="key_layernorm", qk_norm_after_rope=True,
-                   moe=MoeSpec(layers=tuple(range(config.num_hidden_layers)), top_k=top_k,
-                               renormalise=True, activation=config.hidden_act, router="gate.wg",
-                               float_weights=True, shared_expert="shared_mlp"))
+    # HunYuan's attention (q/k norms after RoPE); experts on every layer plus a shared MLP;
+    # top-k and the number of experts may be given per layer, but only one of each is computed
+    top_ks, experts = ({v} if isinstance(v, int) else set(v)
+                       for v in (config.moe_topk, config.num_experts))
+    if len(top_ks) != 1 or len(experts) != 1:
+        raise ConfigError(f"HunYuan MoE with per-layer moe_topk {config.moe_topk} / "
+                          f"num_experts {config.num_experts}: ssd-export computes one top-k "
+                          f"over one number of experts. ---> HINT: no fix short of a graph "
+                          f"per layer setting; this checkpoint is not supported.")
+    return replace(_hunyuan_dense(config), moe=MoeSpec(
+        layers=tuple(range(config.num_hidden_layers)), top_k=top_ks.pop(), renormalise=True,
+        activation=config.hidden_act, router="gate.wg", float_weights=True,
+        shared_expert="shared_mlp"))
 
 
 def _sigmoid_grouped(config: Any) -> dict:

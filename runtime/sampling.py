@@ -30,7 +30,7 @@ class SamplingParams:
         t, k, p = self.temperature, self.top_k, self.top_p
         if not isinstance(t, (int, float)) or not np.isfinite(t) or t < 0:
             raise ConfigError(f"temperature={t!r} must be a number >= 0 (0 means greedy).")
-        if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 0:
+        if not _integer(k) or k < 0:
             raise ConfigError(f"top_k={k!r} must be an integer >= 0 (0 turns it off).")
         if not isinstance(p, (int, float)) or not 0 < p <= 1:
             raise ConfigError(f"top_p={p!r} must be in (0, 1] (1 turns it off).")
@@ -44,12 +44,12 @@ class SamplingParams:
             if not _number(value) or not -2 <= value <= 2:
                 raise ConfigError(f"{name}={value!r} must be a number in [-2, 2] (0 turns it off).")
         for token, bias in self.logit_bias:
-            if not isinstance(token, (int, np.integer)) or isinstance(token, bool) or token < 0:
+            if not _integer(token) or token < 0:
                 raise ConfigError(f"logit_bias: key {token!r} must be a token id (an int >= 0).")
             if not _number(bias) or not -100 <= bias <= 100:
                 raise ConfigError(f"logit_bias[{token}]={bias!r} must be a number in [-100, 100].")
         m = self.min_new_tokens
-        if not isinstance(m, (int, np.integer)) or isinstance(m, bool) or m < 0:
+        if not _integer(m) or m < 0:
             raise ConfigError(f"min_new_tokens={m!r} must be an integer >= 0.")
 
     @property
@@ -66,6 +66,10 @@ class SamplingParams:
 
 def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and bool(np.isfinite(x))
+
+
+def _integer(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
 def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
