@@ -106,6 +106,12 @@ class OrtCpuSession:
         self._allocate()
         self.binding = self.session.io_binding()
         self._bind_in, self._bind_out = _binders(self.binding, self.device, self.device_id)
+        # ids, positions and the top outputs are numpy (host) memory on every device: bound
+        # as such, ONNX Runtime copies them across; bound as device memory, a CUDA kernel
+        # would read a host address (an illegal memory access, seen on an H200)
+        self._bind_host_in, self._bind_host_out = (
+            (self._bind_in, self._bind_out) if self.device == "cpu"
+            else _binders(self.binding, "cpu", 0))
         # what the decode loop binds on every call, worked out once: graph names and arena
         # addresses per layer (the arenas never move), and the ids/positions/logits addresses
         self.in_place = entry.graph == contract.ORT
@@ -178,11 +184,11 @@ class OrtCpuSession:
         if n != self._bound_len or not logits_out:
             # ids, positions and logits are bound by length; the ort flavour never clears its
             # bindings, so consecutive calls of one length (draft steps) bind nothing
-            bind_in, bind_out, e = self._bind_in, self._bind_out, self.entry
-            bind_in(contract.INPUT_IDS, np.int64, (1, n), self._ids_ptr)
-            bind_in(contract.POSITION_IDS, np.int64, (1, n), self._pos_ptr)
+            bind_host, e = self._bind_host_in, self.entry
+            bind_host(contract.INPUT_IDS, np.int64, (1, n), self._ids_ptr)
+            bind_host(contract.POSITION_IDS, np.int64, (1, n), self._pos_ptr)
             if logits_out:
-                bind_out(contract.LOGITS, self.logits_dtype, (1, n, e.vocab_size),
+                self._bind_out(contract.LOGITS, self.logits_dtype, (1, n, e.vocab_size),
                          self._logits_addr)
             else:
                 self.binding.bind_output(contract.LOGITS, self.device, self.device_id)
@@ -229,8 +235,8 @@ class OrtCpuSession:
         if not self.in_place or not {contract.TOP_ID, contract.TOP_PROB} <= outputs:
             return None
         top_id, top_prob = np.zeros(1, np.int64), np.zeros(1, np.float32)
-        self._bind_out(contract.TOP_ID, np.int64, (1,), top_id.ctypes.data)
-        self._bind_out(contract.TOP_PROB, np.float32, (1,), top_prob.ctypes.data)
+        self._bind_host_out(contract.TOP_ID, np.int64, (1,), top_id.ctypes.data)
+        self._bind_host_out(contract.TOP_PROB, np.float32, (1,), top_prob.ctypes.data)
         return top_id, top_prob
 
     def _check_io(self) -> None:
