@@ -6,6 +6,7 @@ unless host code asks for a row. Needs onnxruntime-gpu *instead of* onnxruntime.
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,20 @@ from .ort import _DTYPES, OrtCpuSession, session_options
 from .select import CUDA_PROVIDER, GPU_BUNDLE_HINT, ORT_GPU_HINT
 
 INSTALL_HINT = f"---> HINT: {ORT_GPU_HINT}, with an NVIDIA driver that nvidia-smi shows."
+
+
+@functools.cache
+def _preload_cuda_libraries(ort) -> None:
+    """Load CUDA and cuDNN from pip's nvidia-* wheels before the first CUDA session.
+
+    Those wheels (what `pip install onnxruntime-gpu[cuda,cudnn]` brings) are not on the
+    dynamic loader's path, so without this the CUDA provider fails to load unless torch was
+    imported first or LD_LIBRARY_PATH names them; onnxruntime >= 1.21 does the loading
+    (`preload_dlls`, its documented remedy), and it skips what is missing, so system-wide
+    CUDA installs still resolve as before."""
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is not None:
+        preload()
 
 
 class OrtCudaSession(OrtCpuSession):
@@ -44,7 +59,11 @@ class OrtCudaSession(OrtCpuSession):
             raise BackendError(f"backend 'cuda': this onnxruntime ({ort.__version__}) has no "
                                f"{CUDA_PROVIDER}; found {ort.get_available_providers()}. "
                                f"{INSTALL_HINT}")
-        providers = [(CUDA_PROVIDER, {"device_id": self.device_id}), "CPUExecutionProvider"]
+        _preload_cuda_libraries(ort)
+        # TF32 off: fp32 graphs multiply in fp32, as PyTorch does by default, so greedy
+        # choices match the Hugging Face model's (ORT's CUDA provider enables TF32 otherwise)
+        providers = [(CUDA_PROVIDER, {"device_id": self.device_id, "use_tf32": 0}),
+                     "CPUExecutionProvider"]
         session = ort.InferenceSession(str(path), session_options(threads), providers=providers)
         # onnxruntime-gpu lists the CUDA provider even where it cannot load it, then falls
         # back to the CPU with a logged error only: ask the session what it really uses
