@@ -62,11 +62,12 @@ def _granite_moe(config: Any) -> Adapter:
 def _gpt_oss(config: Any) -> Adapter:
     # attention sinks, sliding and full layers in turn (layer_types), a biased router (softmax
     # of the top-k logits) and biased, transposed experts with gate and up interleaved and a
-    # clamped SwiGLU: (clamp(up, ±limit) + 1) · g·σ(alpha·g), g = clamp(gate, max=limit)
+    # clamped SwiGLU: (clamp(up, ±limit) + 1) · g·σ(alpha·g), g = clamp(gate, max=limit).
+    # older transformers releases (5.17) hard-code alpha, 1.702, and their config lacks it
     return Adapter(attn_sinks="sinks", moe=MoeSpec(
         layers=tuple(range(config.num_hidden_layers)), top_k=config.num_experts_per_tok,
         renormalise=True, activation=config.hidden_act, router="router", router_bias=True,
-        swiglu=(config.swiglu_alpha, 1.0, config.swiglu_limit)))
+        swiglu=(getattr(config, "swiglu_alpha", 1.702), 1.0, config.swiglu_limit)))
 
 
 def _ernie4_5_moe(config: Any) -> Adapter:
