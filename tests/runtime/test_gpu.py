@@ -37,29 +37,35 @@ def with_engines(src: Path, dst: Path) -> Path:
     return dst
 
 
-@pytest.fixture(scope="module")
-def gpu_bundle(bundle_factory, tmp_path_factory) -> Path:
-    """The llama pair (KV rows of 128 bytes: TensorRT writes them via a scratch copy)."""
-    return with_engines(bundle_factory("llama", "llama_cut", graph="standard"),
-                        tmp_path_factory.mktemp("gpu") / "bundle")
-
-
-@pytest.fixture(scope="module")
-def aligned_bundle(tmp_path_factory) -> Path:
-    """A pair with 4 KV heads of 16 in fp32: 256-byte rows, bound in place by TensorRT too."""
-    root = tmp_path_factory.mktemp("aligned")
+def llama_pair_bundle(root: Path, seed: int, **target) -> Path:
+    """A tiny llama target and its one-layer cut as draft, exported in the standard flavour,
+    with engines where TensorRT is. Built here rather than from the session's `models`
+    fixture, which makes every architecture the suite covers: the GPU machine's transformers
+    need only have Llama."""
     tok = tiny.build_tokenizer(root / "tokenizer")
-    target = tiny.build_model(root / "target", "llama", tok, seed=21, layers=2,
-                              num_key_value_heads=4)
-    draft = tiny.truncate(target, root / "draft", 1, tok)
-    export_bundle(ExportConfig(target=str(target), draft=str(draft), output=root / "plain",
+    target_dir = tiny.build_model(root / "target", "llama", tok, seed=seed, **target)
+    draft = tiny.truncate(target_dir, root / "draft", 1, tok)
+    export_bundle(ExportConfig(target=str(target_dir), draft=str(draft), output=root / "plain",
                                max_context=128, quiet=True, engines="none", graph="standard"))
     return with_engines(root / "plain", root / "bundle")
 
 
-def streams(gen: Generator, **settings) -> list[list[int]]:
+@pytest.fixture(scope="module")
+def gpu_bundle(tmp_path_factory) -> Path:
+    """KV rows of 128 bytes: TensorRT writes them via a scratch copy."""
+    return llama_pair_bundle(tmp_path_factory.mktemp("gpu"), seed=1, layers=3)
+
+
+@pytest.fixture(scope="module")
+def aligned_bundle(tmp_path_factory) -> Path:
+    """4 KV heads of 16 in fp32: 256-byte rows, bound in place by TensorRT too."""
+    return llama_pair_bundle(tmp_path_factory.mktemp("aligned"), seed=21, layers=2,
+                             num_key_value_heads=4)
+
+
+def streams(gen: Generator, ks=KS, **settings) -> list[list[int]]:
     return [gen.generate(p, max_new_tokens=32, k=k, **settings).token_ids
-            for p in PROMPTS for k in KS]
+            for p in PROMPTS for k in ks]
 
 
 @pytest.mark.parametrize("fused_heads", [True, False])
@@ -85,10 +91,11 @@ def test_trt_backend_gives_the_cpu_tokens(bundle, request):
 @pytest.mark.parametrize("backend", ["cuda", pytest.param("trt", marks=needs_trt)])
 def test_sampling_is_reproducible_with_a_seed(gpu_bundle, backend):
     gen = Generator.load(gpu_bundle, backend=backend)
+    fixed = [k for k in KS if k != "auto"]   # auto's round lengths follow measured timings
     for seed in (0, 1, 2):
         settings = dict(temperature=0.8, top_p=0.95, seed=seed)
-        first = streams(gen, **settings)
-        assert streams(gen, **settings) == first
+        first = streams(gen, ks=fixed, **settings)
+        assert streams(gen, ks=fixed, **settings) == first
         split = [gen.generate(p, max_new_tokens=32, k=3, mode="split", **settings).token_ids
                  for p in PROMPTS]
         assert split == [gen.generate(p, max_new_tokens=32, k=3, mode="split",
