@@ -10,7 +10,8 @@
 # tests, compares the token streams of the cuda and trt backends with cpu, and benchmarks
 # k=0 against k=auto on each backend. Every step has a time limit; a failed step is
 # reported and the script goes on. Environment: PYTHON (default python3), WORK (scratch),
-# BUDGET (seconds for the whole run, default 450).
+# BUDGET (seconds for the whole run, default 450), BUNDLE (a bundle exported earlier by this
+# script's export command: reused instead of exporting again).
 set -u
 cd "$(dirname "$0")/.."
 REPORT="$(realpath -m "${1:-gpu_report.txt}")"
@@ -117,10 +118,14 @@ EOF
 fi
 
 section "export with engines"
-BUNDLE="$WORK/bundle"; BENCH_BUNDLE="$WORK/bundle-fp16"
-step 300 "ssd-export --engines auto --engine-precision fp32" "$PY" -m ssd_export.cli \
-  --target "$PAIR/target" --draft "$PAIR/draft" --output "$BUNDLE" --max-context "$MAX_CONTEXT" \
-  --engines auto --engine-precision fp32 --graph standard --force
+BUNDLE="${BUNDLE:-$WORK/bundle}"; BENCH_BUNDLE="$WORK/bundle-fp16"
+if [ -f "$BUNDLE/manifest.json" ]; then
+  say "reusing the bundle $BUNDLE (exported earlier with the command below)"
+else
+  step 300 "ssd-export --engines auto --engine-precision fp32" "$PY" -m ssd_export.cli \
+    --target "$PAIR/target" --draft "$PAIR/draft" --output "$BUNDLE" --max-context "$MAX_CONTEXT" \
+    --engines auto --engine-precision fp32 --graph standard --force
+fi
 [ -f "$BUNDLE/manifest.json" ] && "$PY" -c "import json, sys; m = json.load(open(sys.argv[1])); \
 print('engines:', [(e['path'], e['precision']) for e in m['engines']] or 'none')" \
   "$BUNDLE/manifest.json" >> "$REPORT" 2>&1
