@@ -47,7 +47,8 @@ def load_prompts(path: str | None) -> list[str]:
 
 
 def run_bench(bundle: str, configs: list[Config], prompts: list[str], max_new_tokens: int,
-              temperature: float, repeats: int, backend: str = "auto") -> dict:
+              temperature: float, repeats: int, backend: str = "auto",
+              coupling: str = "rejection") -> dict:
     from .generator import Generator
 
     placements = sorted({c.threads for c in configs})
@@ -62,7 +63,8 @@ def run_bench(bundle: str, configs: list[Config], prompts: list[str], max_new_to
             for c in configs[shift:] + configs[:shift]:   # rotate the order every prompt
                 res = gens[c.threads].generate(prompt, max_new_tokens=max_new_tokens, k=c.k,
                                                mode=c.mode, temperature=temperature,
-                                               seed=p if temperature else None)
+                                               seed=p if temperature else None,
+                                               coupling=coupling)
                 runs[c].append((p, res.stats))
     # k=0 per thread placement: the bound's (and so the efficiency's) own baseline; the
     # speed-up column is against the fastest of them
@@ -72,7 +74,7 @@ def run_bench(bundle: str, configs: list[Config], prompts: list[str], max_new_to
             for c in configs]
     first = gens[placements[0]]
     return {"bundle": str(bundle), "backend": first.backend, "backend_reason": first.backend_reason,
-            "max_new_tokens": max_new_tokens, "temperature": temperature,
+            "max_new_tokens": max_new_tokens, "temperature": temperature, "coupling": coupling,
             "prompts": len(prompts), "repeats": repeats, "baseline_tokens_per_s": baseline,
             "calibration": {f"{t[0]}:{t[1]}": costs[t].as_dict() for t in placements},
             "results": rows}
@@ -149,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda", "trt"),
                    help="auto: trt, then cuda, then cpu (the report says which and why)")
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--coupling", choices=("rejection", "invariant"), default="rejection",
+                   help="sampled runs: the rule an unseeded request gets (rejection), or the "
+                        "seeded default (invariant); each prompt has its own seed either way")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--json", dest="json_out", help="write the report here")
     p.add_argument("--plot", help="write a PNG of speed-up vs k (needs matplotlib)")
@@ -160,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configs = _configs(args)
     report = run_bench(args.bundle, configs, load_prompts(args.prompts), args.max_new_tokens,
-                       args.temperature, args.repeats, args.backend)
+                       args.temperature, args.repeats, args.backend, args.coupling)
     print(format_table(report))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")

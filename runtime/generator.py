@@ -81,11 +81,13 @@ class Generator:
                repetition_penalty: float | None = None,
                presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                logit_bias: dict[int, float] | None = None, min_new_tokens: int = 0,
-               ignore_eos: bool = False) -> Iterator[str]:
+               ignore_eos: bool = False, coupling: str = "auto") -> Iterator[str]:
         """Yield text pieces as tokens are accepted; `last_result` holds the whole result.
         Unset temperature, top_k, top_p and repetition_penalty take `defaults()`; `ignore_eos`
-        generates on past EOS (benchmarks of a fixed length). Bad settings raise ConfigError
-        here, before the first piece."""
+        generates on past EOS (benchmarks of a fixed length). `coupling` (sampling.COUPLINGS):
+        with a seed, by default, the tokens are the target alone's for that seed whatever k,
+        mode or backend; "rejection" keeps the rule that accepts most. Bad settings raise
+        ConfigError here, before the first piece."""
         if logit_bias is not None and not isinstance(logit_bias, dict):
             raise ConfigError(f"logit_bias must be a dict {{token id: bias}}, not "
                               f"{type(logit_bias).__name__}.")
@@ -97,7 +99,7 @@ class Generator:
                                 presence_penalty=presence_penalty,
                                 frequency_penalty=frequency_penalty,
                                 logit_bias=tuple(sorted((logit_bias or {}).items())),
-                                min_new_tokens=min_new_tokens)
+                                min_new_tokens=min_new_tokens, coupling=coupling)
         ids = self._prompt_ids(prompt)
         self._check(k, max_new_tokens, stop)
         if mode not in DRAFTERS:

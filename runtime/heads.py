@@ -103,7 +103,7 @@ class FusedGreedyAcceptance(Rule):
         return int(self.heads.argmax(logits[-1:])[0]), None      # the last row, still on device
 
     def verify(self, target_logits: np.ndarray, drafts: list[int],
-               draft_probs: list) -> tuple[int, int]:
+               draft_probs: list, position: int) -> tuple[int, int]:
         return leading_agreement(drafts, self.heads.argmax(target_logits))        # (k+1,)
 
 
@@ -117,7 +117,7 @@ class FusedSamplingAcceptance(Rule):
         return self.heads.sample(logits, self.params, position_uniform(self.draft_key, position))
 
     def verify(self, target_logits: np.ndarray, drafts: list[int],
-               draft_probs: list[np.ndarray]) -> tuple[int, int]:
+               draft_probs: list[np.ndarray], position: int) -> tuple[int, int]:
         accept_u = self.verify_rng.random(len(drafts))
         final_u = self.verify_rng.random()
         uniforms = np.append(accept_u, final_u)

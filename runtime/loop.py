@@ -93,7 +93,7 @@ def decode(target: ModelSession, drafter: SequentialDrafter,
             drafter.bet(drafts)              # split mode: the draft works on while we verify
             logits = target.forward(np.asarray([seq[-1], *drafts], np.int64), target_len)
             t2 = perf_counter()
-            j, t = rule.verify(logits, drafts, draft_probs)
+            j, t = rule.verify(logits, drafts, draft_probs, target_len + 1)   # the first's position
             schedule.observe(len(drafts), j, t2 - t0)
             target_len += j + 1              # rows for last, d1..dj stay valid
             drafter.settle(target_len, j == len(drafts), t)

@@ -14,6 +14,13 @@ import numpy as np
 from .errors import ConfigError
 
 
+# "rejection": Leviathan et al.'s rule, the most accepted drafts; reproducible with a seed at a
+# fixed k. "invariant": every token is the target's own Gumbel-max sample keyed by (seed,
+# position), so a seed gives the same tokens whatever k, mode, draft or backend, for somewhat
+# fewer accepted drafts. "auto": invariant when seeded, else rejection.
+COUPLINGS = ("auto", "rejection", "invariant")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.0      # 0: greedy
@@ -25,6 +32,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0    # OpenAI: minus this per time a token is in the output
     logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, added to its logit)
     min_new_tokens: int = 0           # EOS is impossible before this many new tokens
+    coupling: str = "auto"            # COUPLINGS: how draft and target share randomness
 
     def __post_init__(self) -> None:
         t, k, p = self.temperature, self.top_k, self.top_p
@@ -51,10 +59,19 @@ class SamplingParams:
         m = self.min_new_tokens
         if not _integer(m) or m < 0:
             raise ConfigError(f"min_new_tokens={m!r} must be an integer >= 0.")
+        if self.coupling not in COUPLINGS:
+            raise ConfigError(f"coupling={self.coupling!r} is unknown; choose one of "
+                              f"{', '.join(COUPLINGS)}.")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def invariant(self) -> bool:
+        """Whether sampling uses the drafter-invariant rule: asked for, or (auto) seeded."""
+        return not self.greedy and (self.coupling == "invariant" or
+                                    (self.coupling == "auto" and self.seed is not None))
 
     @property
     def processed(self) -> bool:
@@ -98,6 +115,13 @@ def sample(probs: np.ndarray, u: float) -> int:
 _MASK = (1 << 64) - 1
 
 
+def _splitmix(key: int, position: int) -> int:
+    z = (key * 0x9E3779B97F4A7C15 + position + 1) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
 def position_uniform(key: int, position: int) -> float:
     """A uniform in [0, 1) that depends only on (key, position): splitmix64 of both.
 
@@ -107,8 +131,27 @@ def position_uniform(key: int, position: int) -> float:
     whose earlier draft token was thrown away is sound: that token took no part
     in any acceptance decision.
     """
-    z = (key * 0x9E3779B97F4A7C15 + position + 1) & _MASK
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
-    z ^= z >> 31
-    return (z >> 11) * (1.0 / (1 << 53))
+    return (_splitmix(key, position) >> 11) * (1.0 / (1 << 53))
+
+
+_U64 = {name: np.uint64(value) for name, value in
+        (("golden", 0x9E3779B97F4A7C15), ("m1", 0xBF58476D1CE4E5B9), ("m2", 0x94D049BB133111EB),
+         ("s30", 30), ("s27", 27), ("s31", 31), ("s11", 11), ("one", 1))}
+
+
+def gumbel_pick(probs: np.ndarray, key: int, position: int) -> int:
+    """The Gumbel-max sample of `probs` with noise keyed by (key, position, token id).
+
+    argmax_i log p_i + g_i with g_i = -log(-log u_i) is an exact sample of p (the Gumbel-max
+    trick); each u_i is splitmix64 of the position's key and the token id, so the draft and
+    the target at one position see the same noise per token, and only the support is hashed
+    (top-k / top-p leave few tokens)."""
+    support = np.flatnonzero(probs)
+    c = _U64
+    z = np.uint64(_splitmix(key, position)) + (support.astype(np.uint64) + c["one"]) * c["golden"]
+    z = (z ^ (z >> c["s30"])) * c["m1"]
+    z = (z ^ (z >> c["s27"])) * c["m2"]
+    z ^= z >> c["s31"]
+    u = ((z >> c["s11"]).astype(np.float64) + 0.5) * (1.0 / (1 << 53))      # in (0, 1)
+    # argmax log p - log(-log u) = argmax p / E with E = -log u: one logarithm, not three
+    return int(support[np.argmax(probs[support] / -np.log(u))])

@@ -256,8 +256,9 @@ def test_generation_on_the_device_path_equals_the_cpu_backend(bundle_factory, sm
             expected = host.generate(prompt, max_new_tokens=24, k=k).token_ids
             assert device.generate(prompt, max_new_tokens=24, k=k).token_ids == expected
         host_heads = Generator.load(bundle, backend="cpu", threads=1, fused_heads=True)
-        for seed in range(3):
-            setting = dict(max_new_tokens=16, k=3, temperature=0.9, top_p=0.95, seed=seed)
+        for seed, coupling in [(0, "rejection"), (1, "rejection"), (2, "invariant")]:
+            setting = dict(max_new_tokens=16, k=3, temperature=0.9, top_p=0.95, seed=seed,
+                           coupling=coupling)
             expected = host_heads.generate(prompt, **setting).token_ids
             assert device.generate(prompt, **setting).token_ids == expected
             assert device.generate(prompt, mode="split", **setting).token_ids == expected

@@ -25,7 +25,8 @@ def test_sampling_with_heads_makes_the_same_decisions(small_vocab_bundle):
     host, fused = Generator.load(bundle), Generator.load(bundle, fused_heads=True)
     same = 0
     for seed in range(40):
-        for setting in (dict(temperature=1.0), dict(temperature=0.7, top_k=8, top_p=0.9)):
+        for setting in (dict(temperature=1.0, coupling="rejection"),       # the heads' rule
+                        dict(temperature=0.7, top_k=8, top_p=0.9, coupling="rejection")):
             a = host.generate(PROMPT, max_new_tokens=12, k=3, seed=seed, **setting).token_ids
             b = fused.generate(PROMPT, max_new_tokens=12, k=3, seed=seed, **setting).token_ids
             same += a == b

@@ -11,7 +11,7 @@ import pytest
 from scipy.stats import chisquare
 
 from ssd_runtime import ConfigError, Generator
-from ssd_runtime.acceptance import SamplingAcceptance
+from ssd_runtime.acceptance import InvariantSampling, SamplingAcceptance
 from ssd_runtime.drafting import SequentialDrafter
 from ssd_runtime.loop import Stats, decode
 from ssd_runtime.perf import FixedK
@@ -114,13 +114,14 @@ def small(small_vocab_bundle):
     return Generator.load(bundle), target_dir
 
 
-@pytest.mark.parametrize("k", [1, 4])
+@pytest.mark.parametrize("k,coupling", [(1, "rejection"), (4, "rejection"), (4, "invariant")])
 @pytest.mark.parametrize("setting", SETTINGS, ids=["t1", "t0.7-k8", "p0.9"])
-def test_speculative_sampling_is_lossless(small, setting, k):
+def test_speculative_sampling_is_lossless(small, setting, k, coupling):
     gen, target_dir = small
     joint = exact_joint(target_dir, setting)
     samples = [first_two(gen.generate(PROMPT, max_new_tokens=k + 1, k=k, seed=s,
-                                      **setting).token_ids) for s in range(SAMPLES)]
+                                      coupling=coupling, **setting).token_ids)
+               for s in range(SAMPLES)]
     p = chi_square_p(samples, joint)
     assert p > 1e-3, f"speculative samples do not follow the target (chi-square p={p:.2g})"
 
@@ -135,14 +136,16 @@ PENALISED = [dict(temperature=1.0, repetition_penalty=0.3),
              dict(temperature=1.0, logit_bias={EOS: 2.5, 3: -3.0}, min_new_tokens=1)]
 
 
-@pytest.mark.parametrize("mode", ["sequential", "split"])
+@pytest.mark.parametrize("mode,coupling", [("sequential", "rejection"), ("split", "rejection"),
+                                           ("split", "invariant")])
 @pytest.mark.parametrize("setting", PENALISED, ids=["rep0.3", "pres-freq", "rep0.6-freq-1",
                                                      "bias-min1"])
-def test_speculative_sampling_with_penalties_is_lossless(small, setting, mode):
+def test_speculative_sampling_with_penalties_is_lossless(small, setting, mode, coupling):
     gen, target_dir = small
     joint = exact_joint(target_dir, setting)
     samples = [first_two(gen.generate(PROMPT, max_new_tokens=5, k=4, seed=s, mode=mode,
-                                      **setting).token_ids) for s in range(SAMPLES)]
+                                      coupling=coupling, **setting).token_ids)
+               for s in range(SAMPLES)]
     p = chi_square_p(samples, joint)
     assert p > 1e-3, f"penalised samples do not follow the target (chi-square p={p:.2g})"
 
@@ -151,16 +154,16 @@ def test_the_test_sees_penalties(small):
     """Sampling without the penalties must fail against the penalised distribution."""
     gen, target_dir = small
     setting = PENALISED[0]
-    samples = [first_two(gen.generate(PROMPT, max_new_tokens=5, k=4, seed=s,
-                                      temperature=1.0).token_ids) for s in range(SAMPLES)]
+    samples = [first_two(gen.generate(PROMPT, max_new_tokens=5, k=4, seed=s, temperature=1.0,
+                                      coupling="rejection").token_ids) for s in range(SAMPLES)]
     assert chi_square_p(samples, exact_joint(target_dir, setting)) < 1e-6
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=["t1", "t0.7-k8", "p0.9"])
 def test_plain_sampling_follows_the_target(small, setting):
     gen, target_dir = small
-    plain = [first_two(gen.generate(PROMPT, max_new_tokens=2, k=0, seed=s, **setting).token_ids)
-             for s in range(SAMPLES)]
+    plain = [first_two(gen.generate(PROMPT, max_new_tokens=2, k=0, seed=s, coupling="rejection",
+                                    **setting).token_ids) for s in range(SAMPLES)]
     assert chi_square_p(plain, exact_joint(target_dir, setting)) > 1e-3
 
 
@@ -172,13 +175,22 @@ class AlwaysAccept(SamplingAcceptance):
         return len(drafts), int(np.searchsorted(np.cumsum(p), final_u * p.sum(), side="right"))
 
 
-def test_the_test_rejects_a_wrong_rule(small):
+class AlwaysAcceptInvariant(InvariantSampling):
+    """A wrong invariant rule: take the draft's Gumbel-max tokens without comparing."""
+
+    def verify(self, target_logits, drafts, draft_probs, position):
+        return len(drafts), self._choose(target_logits[len(drafts)], drafts,
+                                         position + len(drafts))
+
+
+@pytest.mark.parametrize("wrong", [AlwaysAccept, AlwaysAcceptInvariant])
+def test_the_test_rejects_a_wrong_rule(small, wrong):
     gen, target_dir = small
     setting = SETTINGS[0]
     joint = exact_joint(target_dir, setting)
     samples = []
     for s in range(SAMPLES):
-        rule, schedule = AlwaysAccept(SamplingParams(**setting, seed=s)), FixedK(4)
+        rule, schedule = wrong(SamplingParams(**setting, seed=s)), FixedK(4)
         drafter = SequentialDrafter(gen.draft, rule, schedule)
         ids = [t for new in decode(gen.target, drafter, rule, PROMPT, 5, schedule, {EOS}, Stats())
                for t in new]
@@ -187,11 +199,12 @@ def test_the_test_rejects_a_wrong_rule(small):
 
 
 def test_seed_makes_sampling_reproducible(small):
+    """The rejection rule at a fixed k; the invariant rule at any k (test_invariant.py)."""
     gen, _ = small
-    a = gen.generate(PROMPT, max_new_tokens=30, k=3, temperature=1.0, seed=7).token_ids
-    b = gen.generate(PROMPT, max_new_tokens=30, k=3, temperature=1.0, seed=7).token_ids
-    c = gen.generate(PROMPT, max_new_tokens=30, k=3, temperature=1.0, seed=8).token_ids
-    assert a == b and a != c
+    run = dict(max_new_tokens=30, k=3, temperature=1.0, coupling="rejection")
+    a = gen.generate(PROMPT, seed=7, **run).token_ids
+    assert a == gen.generate(PROMPT, seed=7, **run).token_ids
+    assert a != gen.generate(PROMPT, seed=8, **run).token_ids
 
 
 @pytest.mark.parametrize("bad,match", [
@@ -208,6 +221,7 @@ def test_seed_makes_sampling_reproducible(small):
     (dict(logit_bias={"3": 1.0}), r"logit_bias: key '3' must be a token id"),
     (dict(logit_bias=[(3, 1.0)]), r"logit_bias must be a dict"),
     (dict(min_new_tokens=-1), r"min_new_tokens=-1 must be an integer >= 0"),
+    (dict(coupling="gumbel"), r"coupling='gumbel' is unknown; choose one of auto, rejection"),
 ])
 def test_bad_sampling_settings(small, bad, match):
     gen, _ = small
@@ -244,15 +258,16 @@ def test_a_quantized_draft_leaves_the_distribution_unchanged(small_vocab_bundle,
     setting = SETTINGS[0]
     joint = exact_joint(target_dir, setting)
     samples = [first_two(gen.generate(PROMPT, max_new_tokens=5, k=4, seed=s,
-                                      **setting).token_ids) for s in range(SAMPLES)]
+                                      coupling="rejection", **setting).token_ids)
+               for s in range(SAMPLES)]
     assert chi_square_p(samples, joint) > 1e-3
 
 
-@pytest.mark.parametrize("k", [1, 4])
-def test_split_mode_sampling_is_lossless(small, k):
+@pytest.mark.parametrize("k,coupling", [(1, "rejection"), (4, "rejection"), (4, "invariant")])
+def test_split_mode_sampling_is_lossless(small, k, coupling):
     gen, target_dir = small
-    setting = SETTINGS[1]
-    joint = exact_joint(target_dir, setting)
+    setting = dict(SETTINGS[1], coupling=coupling)
+    joint = exact_joint(target_dir, SETTINGS[1])
     samples = [first_two(gen.generate(PROMPT, max_new_tokens=2 * k + 2, k=k, seed=s,
                                       mode="split", **setting).token_ids)
                for s in range(SAMPLES)]
