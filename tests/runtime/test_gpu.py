@@ -1,5 +1,6 @@
-"""On an NVIDIA GPU: the cuda and trt backends give the CPU backend's tokens (greedy),
-sampling is reproducible with a seed, and new KV rows are written in place on the device.
+"""On an NVIDIA GPU: the cuda and trt backends give the CPU backend's tokens (greedy, and
+sampled with a seed), sampling is reproducible, and new KV rows are written in place on the
+device.
 
 Skipped without a GPU (tests/conftest.py); the trt tests also need TensorRT and
 cuda-python. Engines are built here in fp32 (TF32 off) so that greedy choices match.
@@ -89,17 +90,20 @@ def test_trt_backend_gives_the_cpu_tokens(bundle, request):
 
 
 @pytest.mark.parametrize("backend", ["cuda", pytest.param("trt", marks=needs_trt)])
-def test_sampling_is_reproducible_with_a_seed(gpu_bundle, backend):
-    gen = Generator.load(gpu_bundle, backend=backend)
-    fixed = [k for k in KS if k != "auto"]   # auto's round lengths follow measured timings
+def test_a_seed_gives_the_cpus_tokens_and_reproduces(gpu_bundle, backend):
+    """Seeded (the invariant coupling): the target alone's tokens at every k, auto included,
+    so the same as the CPU's; the rejection rule reproduces itself at a fixed k, split too."""
+    gen, cpu = Generator.load(gpu_bundle, backend=backend), Generator.load(gpu_bundle)
     for seed in (0, 1, 2):
         settings = dict(temperature=0.8, top_p=0.95, seed=seed)
-        first = streams(gen, ks=fixed, **settings)
-        assert streams(gen, ks=fixed, **settings) == first
-        split = [gen.generate(p, max_new_tokens=32, k=3, mode="split", **settings).token_ids
+        assert streams(gen, **settings) == streams(cpu, **settings)
+        rejection = dict(settings, coupling="rejection")
+        fixed = [k for k in KS if k != "auto"]     # auto's round lengths follow timings
+        assert streams(gen, ks=fixed, **rejection) == streams(gen, ks=fixed, **rejection)
+        split = [gen.generate(p, max_new_tokens=32, k=3, mode="split", **rejection).token_ids
                  for p in PROMPTS]
         assert split == [gen.generate(p, max_new_tokens=32, k=3, mode="split",
-                                      **settings).token_ids for p in PROMPTS]
+                                      **rejection).token_ids for p in PROMPTS]
 
 
 def test_cuda_writes_new_kv_in_place_on_the_device(gpu_bundle):
