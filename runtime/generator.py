@@ -111,7 +111,9 @@ class Generator:
         rule = make_rule(params, self.heads, ids, max(vocab, self.manifest.draft.vocab_size),
                          self.eos_ids)
         eos = set() if ignore_eos else self.eos_ids
-        return self._pieces(ids, rule, eos, max_new_tokens, k, stop, mode, params.greedy)
+        # acceptance is learnt per kind of rule: the invariant one accepts a little less
+        kind = "greedy" if params.greedy else "invariant" if params.invariant else "sampled"
+        return self._pieces(ids, rule, eos, max_new_tokens, k, stop, mode, kind)
 
     def defaults(self, openai: bool = False) -> dict[str, float]:
         """What an unset temperature, top_k, top_p or repetition_penalty means: the value the
@@ -127,11 +129,10 @@ class Generator:
 
     def _pieces(self, ids: list[int], rule, eos_ids: set[int], max_new_tokens: int,
                 k: int | str, stop: Sequence[str] | None, mode: Mode,
-                greedy: bool) -> Iterator[str]:
+                kind: str) -> Iterator[str]:
         stats = Stats(backend=self.backend, k=k, prompt_tokens=len(ids), mode=mode,
                       threads=f"{self.target.threads}:{self.draft.threads}")
         text = TextStream(self.codec, list(stop or []))
-        kind = "greedy" if greedy else "sampled"
         schedule = self._adaptive(kind, mode) if k == "auto" else FixedK(k)
         drafter = DRAFTERS[mode](self.draft, rule, schedule)
         rounds = decode(self.target, drafter, rule, ids, max_new_tokens, schedule, eos_ids,
@@ -152,7 +153,7 @@ class Generator:
 
     def _adaptive(self, kind: str, mode: Mode) -> AdaptiveK:
         """k="auto", starting from what earlier calls learnt: acceptance per decoding kind
-        (greedy, sampled), round times per mode."""
+        (greedy, sampled, invariant), round times per mode."""
         cost, max_draft = self.cost_model(), self.manifest.max_draft
         if mode not in self._times:
             self._times[mode] = RoundTimes.from_cost(cost, max_draft)

@@ -113,13 +113,18 @@ def sample(probs: np.ndarray, u: float) -> int:
 
 
 _MASK = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
 
 
-def _splitmix(key: int, position: int) -> int:
-    z = (key * 0x9E3779B97F4A7C15 + position + 1) & _MASK
+def _mix(z):
+    """splitmix64's finaliser, on an int below 2**64 or a uint64 array (which wraps)."""
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
     return z ^ (z >> 31)
+
+
+def _splitmix(key: int, position: int) -> int:
+    return _mix((key * _GOLDEN + position + 1) & _MASK)
 
 
 def position_uniform(key: int, position: int) -> float:
@@ -134,11 +139,6 @@ def position_uniform(key: int, position: int) -> float:
     return (_splitmix(key, position) >> 11) * (1.0 / (1 << 53))
 
 
-_U64 = {name: np.uint64(value) for name, value in
-        (("golden", 0x9E3779B97F4A7C15), ("m1", 0xBF58476D1CE4E5B9), ("m2", 0x94D049BB133111EB),
-         ("s30", 30), ("s27", 27), ("s31", 31), ("s11", 11), ("one", 1))}
-
-
 def gumbel_pick(probs: np.ndarray, key: int, position: int) -> int:
     """The Gumbel-max sample of `probs` with noise keyed by (key, position, token id).
 
@@ -147,11 +147,7 @@ def gumbel_pick(probs: np.ndarray, key: int, position: int) -> int:
     the target at one position see the same noise per token, and only the support is hashed
     (top-k / top-p leave few tokens)."""
     support = np.flatnonzero(probs)
-    c = _U64
-    z = np.uint64(_splitmix(key, position)) + (support.astype(np.uint64) + c["one"]) * c["golden"]
-    z = (z ^ (z >> c["s30"])) * c["m1"]
-    z = (z ^ (z >> c["s27"])) * c["m2"]
-    z ^= z >> c["s31"]
-    u = ((z >> c["s11"]).astype(np.float64) + 0.5) * (1.0 / (1 << 53))      # in (0, 1)
+    z = _mix(np.uint64(_splitmix(key, position)) + (support.astype(np.uint64) + 1) * _GOLDEN)
+    u = ((z >> 11).astype(np.float64) + 0.5) * (1.0 / (1 << 53))                # in (0, 1)
     # argmax log p - log(-log u) = argmax p / E with E = -log u: one logarithm, not three
     return int(support[np.argmax(probs[support] / -np.log(u))])

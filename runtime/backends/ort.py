@@ -189,7 +189,7 @@ class OrtCpuSession:
             bind_host(contract.POSITION_IDS, np.int64, (1, n), self._pos_ptr)
             if logits_out:
                 self._bind_out(contract.LOGITS, self.logits_dtype, (1, n, e.vocab_size),
-                         self._logits_addr)
+                               self._logits_addr)
             else:
                 self.binding.bind_output(contract.LOGITS, self.device, self.device_id)
         self._bound_len = n if self.in_place and logits_out else None
