@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from .processors import Processors
-from .sampling import SamplingParams, gumbel_pick, position_uniform, probabilities, sample
+from .sampling import (GumbelNoise, SamplingParams, gumbel_pick, position_uniform,
+                       probabilities, sample)
 
 
 class Rule:
@@ -72,10 +73,11 @@ class InvariantSampling(GreedyAcceptance):
     matches with probability at least (1 - TV)/(1 + TV), against 1 - TV for the rejection
     rule (demo pair, T = 1: 0.61 against 0.67)."""
 
-    def __init__(self, params: SamplingParams, processors: Processors | None = None) -> None:
+    def __init__(self, params: SamplingParams, processors: Processors | None = None,
+                 vocab: int = 0) -> None:
         self.params, self.processors = params, processors
-        self.key = int(np.random.SeedSequence(params.seed).spawn(3)[2].generate_state(
-            1, np.uint64)[0])
+        key = np.random.SeedSequence(params.seed).spawn(3)[2].generate_state(1, np.uint64)[0]
+        self.noise = GumbelNoise(int(key), vocab)
 
     def draft_pick(self, logits: np.ndarray, position: int,
                    top: tuple[int, float] | None = None, pending: list[int] = ()
@@ -87,7 +89,7 @@ class InvariantSampling(GreedyAcceptance):
         return self._agreement(target_logits, drafts, position)
 
     def _choose(self, row: np.ndarray, pending: list[int], position: int) -> int:
-        return gumbel_pick(probabilities(self._processed(row, pending), self.params), self.key,
+        return gumbel_pick(probabilities(self._processed(row, pending), self.params), self.noise,
                            position)
 
 
@@ -153,7 +155,9 @@ def make_rule(params: SamplingParams, heads=None, prompt: list[int] = (), vocab:
             else None
         if params.greedy:
             return GreedyAcceptance(processors)
-        return (InvariantSampling if params.invariant else SamplingAcceptance)(params, processors)
+        if params.invariant:
+            return InvariantSampling(params, processors, vocab)
+        return SamplingAcceptance(params, processors)
     from .heads import FusedGreedyAcceptance, FusedSamplingAcceptance
 
     return FusedGreedyAcceptance(heads) if params.greedy else FusedSamplingAcceptance(heads, params)

@@ -13,7 +13,7 @@ import pytest
 from scipy.stats import chisquare
 
 from ssd_runtime import Generator
-from ssd_runtime.sampling import gumbel_pick
+from ssd_runtime.sampling import GumbelNoise, gumbel_pick
 
 PROMPT = [0, 5, 6, 7]
 SETTINGS = [dict(temperature=1.0), dict(temperature=0.7, top_k=8, top_p=0.9),
@@ -26,13 +26,15 @@ def test_gumbel_pick_samples_the_distribution():
     probs[[3, 7]] = 0.0                                   # as top-k / top-p leave it
     probs /= probs.sum()
     n = 20000
-    picks = np.array([gumbel_pick(probs, key=99, position=pos) for pos in range(n)])
+    picks = np.array([gumbel_pick(probs, GumbelNoise(99), pos) for pos in range(n)])
     assert not np.isin(picks, [3, 7]).any()
     counts = np.bincount(picks, minlength=12)[probs > 0]
     assert chisquare(counts, probs[probs > 0] * n).pvalue > 1e-3
-    again = [gumbel_pick(probs, key=99, position=pos) for pos in range(50)]
-    assert again == list(picks[:50])                       # a function of (key, position)
-    assert again != [gumbel_pick(probs, key=100, position=pos) for pos in range(50)]
+    noise = GumbelNoise(99, size=40, keep=8)             # a larger vocabulary, a small cache
+    again = [gumbel_pick(probs, noise, pos) for pos in range(50)]
+    assert again == list(picks[:50])                     # a function of (key, position, id)
+    assert again == [gumbel_pick(probs, noise, pos) for pos in range(50)]
+    assert again != [gumbel_pick(probs, GumbelNoise(100), pos) for pos in range(50)]
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=["t1", "t0.7-k8-p0.9", "penalised"])
