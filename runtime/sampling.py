@@ -7,6 +7,7 @@ greedily) as `generate` would.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -148,12 +149,16 @@ class GumbelNoise:
     def __init__(self, key: int, size: int = 0, keep: int = 24) -> None:
         self.key, self.keep = key, keep
         self.base = np.empty(0, np.uint64)
+        # a split-mode draft thread and the main thread share these: dict get/set/pop and
+        # deque append/popleft are atomic, where iterating the dict to evict would not be
         self.cache: dict[int, np.ndarray] = {}
+        self.order: deque[int] = deque()
         self._grow(size)
 
     def _grow(self, size: int) -> None:
         self.base = (np.arange(size, dtype=np.uint64) + np.uint64(1)) * np.uint64(_GOLDEN)
         self.cache.clear()
+        self.order.clear()
 
     def at(self, position: int, size: int) -> np.ndarray:
         """E for ids 0..size-1 at `position` (float64, all > 0)."""
@@ -174,9 +179,13 @@ class GumbelNoise:
             noise *= 1.0 / (1 << 53)                             # u in (0, 1)
             np.log(noise, out=noise)
             np.negative(noise, out=noise)
-            if len(self.cache) >= self.keep:                     # the oldest position first
-                self.cache.pop(next(iter(self.cache)))
             self.cache[position] = noise
+            self.order.append(position)
+            while len(self.order) > self.keep:                   # the oldest position first
+                try:
+                    self.cache.pop(self.order.popleft(), None)
+                except IndexError:                               # the other thread took it
+                    break
         return noise[:size]
 
 
