@@ -117,11 +117,14 @@ _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 
 
-def _mix(z):
-    """splitmix64's finaliser, on an int below 2**64 or a uint64 array (which wraps)."""
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
-    return z ^ (z >> 31)
+_FINALISER = ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB), (31, 1))   # splitmix64's
+
+
+def _mix(z: int) -> int:
+    """splitmix64's finaliser on an int below 2**64 (GumbelNoise does it in place on arrays)."""
+    for shift, factor in _FINALISER:
+        z = ((z ^ (z >> shift)) * factor) & _MASK
+    return z
 
 
 def _splitmix(key: int, position: int) -> int:
@@ -168,7 +171,7 @@ class GumbelNoise:
         if noise is None:
             z = self.base + np.uint64(_splitmix(self.key, position))
             tmp = np.empty_like(z)
-            for shift, factor in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB), (31, 1)):
+            for shift, factor in _FINALISER:
                 np.right_shift(z, np.uint64(shift), out=tmp)
                 np.bitwise_xor(z, tmp, out=z)
                 if factor != 1:
