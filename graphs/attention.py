@@ -90,13 +90,9 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
     scores = torch.matmul(qg, kt).float() * scaling                 # (B, Hkv, G, T, S)
     if a.attn_softcap is not None:
         scores = torch.tanh(scores / a.attn_softcap) * a.attn_softcap
-    scores = scores + bias
-    if a.attn_sinks is not None:                                    # one more key, no value
-        sinks = getattr(attn, a.attn_sinks).float().view(1, Hkv, G, 1, 1)
-        scores = torch.cat((scores, sinks.expand(B, Hkv, G, T, 1)), dim=-1)  # (B,Hkv,G,T,S+1)
-        probs = torch.softmax(scores, dim=-1)[..., :-1].to(h.dtype)
-    else:
-        probs = torch.softmax(scores, dim=-1).to(h.dtype)
+    sinks = None if a.attn_sinks is None else \
+        getattr(attn, a.attn_sinks).float().view(1, Hkv, G, 1, 1)
+    probs = softmax_with_sinks(scores + bias, sinks).to(h.dtype)
     vs = values.permute(0, 2, 1, 3)[:, :, None]                     # (B, Hkv, 1, S, D)
     out = torch.matmul(probs, vs)                                   # (B, Hkv, G, T, D)
     out = out.permute(0, 3, 1, 2, 4).reshape(B, T, Hkv * G * D)
@@ -131,6 +127,15 @@ def _ort_attention(attn, a: Adapter, heads: Heads, scaling: float, h, q, k, v, c
         heads.num_heads, heads.num_kv_heads, scaling, float(a.attn_softcap or 0.0), o.window,
         int(o.do_rotary))
     return _output(attn, a, out), cache_k, cache_v
+
+
+def softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the last axis; `sinks` (broadcast to (..., 1)): one more logit per row that
+    takes no value, GPT-OSS's attention sinks (ONNX Runtime's head_sink)."""
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    sinks = sinks.expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat((scores, sinks), dim=-1), dim=-1)[..., :-1]
 
 
 def _output(attn: nn.Module, a: Adapter, out: torch.Tensor) -> torch.Tensor:

@@ -230,14 +230,19 @@ def _experts(experts: nn.Module, spec: MoeSpec, x: torch.Tensor) -> torch.Tensor
         gate, up = gate_up.chunk(2, dim=-1)                                   # [gate | up]
     else:
         gate, up = gate_up[..., 0::2], gate_up[..., 1::2]                     # interleaved
-    if spec.swiglu is None:
-        inner = experts.act_fn(gate) * up
-    else:
-        alpha, beta, limit = spec.swiglu
-        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
-        inner = (up + beta) * (gate * torch.sigmoid(gate * alpha))
+    inner = experts.act_fn(gate) * up if spec.swiglu is None else clamped_swiglu(gate, up,
+                                                                               *spec.swiglu)
     y = torch.matmul(inner, w2 if transposed else w2.transpose(1, 2))        # (E, N, H)
     return y if bias2 is None else y + bias2[:, None, :]
+
+
+def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, alpha: float, beta: float,
+                   limit: float) -> torch.Tensor:
+    """g·σ(alpha·g)·(u + beta), g = clamp(gate, max=limit), u = clamp(up, ±limit) (GPT-OSS;
+    limit 0: no clamp, the MoE kernel's SwiGLU)."""
+    if limit:
+        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    return gate * torch.sigmoid(gate * alpha) * (up + beta)
 
 
 def _biases(experts: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import torch
 
+from .attention import softmax_with_sinks
+from .moe import clamped_swiglu
+
 _NEG = -1e30
 
 
@@ -55,12 +58,8 @@ def gqa(query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | Non
         if window > 0:
             visible = visible & (qpos - kpos < window)
         scores = scores.masked_fill(~visible, _NEG)
-        if head_sink is not None:
-            sink = head_sink.float().view(Hkv, G, 1, 1).expand(Hkv, G, T, 1)
-            probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
-        else:
-            probs = torch.softmax(scores, dim=-1)
-        probs = probs.to(query.dtype)
+        sinks = None if head_sink is None else head_sink.float().view(Hkv, G, 1, 1)
+        probs = softmax_with_sinks(scores, sinks).to(query.dtype)
         o = probs @ values[b, :, None, :total]                            # (Hkv, G, T, D)
         out[b] = o.permute(2, 0, 1, 3).reshape(T, num_heads * D)
     return out, keys, values
@@ -91,10 +90,7 @@ def moe_kernel(x: torch.Tensor, router_logits: torch.Tensor, fc1: torch.Tensor,
         gate_up = torch.einsum("nih,nh->ni", w1.float(), x.float())
         if fc1_bias is not None:
             gate_up = gate_up + fc1_bias[index[:, j]].float()
-        gate, up = gate_up[:, 0::2], gate_up[:, 1::2]
-        if limit:
-            gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
-        inner = gate * torch.sigmoid(alpha * gate) * (up + beta)
+        inner = clamped_swiglu(gate_up[:, 0::2], gate_up[:, 1::2], alpha, beta, limit)
         y = torch.einsum("nhi,ni->nh", w2.float(), inner)
         if fc2_bias is not None:
             y = y + fc2_bias[index[:, j]].float()
