@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .backends import cpu_cores
 from .errors import ConfigError, cli_main
 from .perf import CostModel, expected_tokens
 
@@ -73,11 +74,13 @@ def run_bench(bundle: str, configs: list[Config], prompts: list[str], max_new_to
     rows = [_summary(c, runs[c], costs[c.threads], baseline, own.get(c.threads, baseline))
             for c in configs]
     first = gens[placements[0]]
+    cores = cpu_cores() if first.backend == "cpu" else None
     return {"bundle": str(bundle), "backend": first.backend, "backend_reason": first.backend_reason,
             "max_new_tokens": max_new_tokens, "temperature": temperature, "coupling": coupling,
             "prompts": len(prompts), "repeats": repeats, "baseline_tokens_per_s": baseline,
+            "cpu_cores": cores,
             "calibration": {f"{t[0]}:{t[1]}": costs[t].as_dict() for t in placements},
-            "results": rows}
+            "results": rows, "split_vs_sequential": split_against_sequential(rows, cores)}
 
 
 def _tokens_per_s(runs: list) -> float:
@@ -120,6 +123,39 @@ def _summary(c: Config, runs: list, cost: CostModel, baseline: float | None,
         "split_hit_rate": (sum(s.split_hits for s in stats) / max(1, sum(s.split_bets
                                                                           for s in stats))),
     }
+
+
+def split_against_sequential(rows: list[dict], cores: int | None) -> list[dict]:
+    """Each split row beside the sequential row of the same k and threads, and why it wins
+    or loses: a round's time changes by what the overlap hides of the drafting, against
+    what the verification loses beside the draft's thread and what the loop waits for it."""
+    sequential = {(r["k"], r["threads"]): r for r in rows if r["mode"] == "sequential"}
+    out = []
+    for r in rows:
+        s = sequential.get((r["k"], r["threads"])) if r["mode"] == "split" else None
+        if s is None or not r["per_round_ms"] or not s["per_round_ms"] or not s["tokens_per_s"]:
+            continue
+        alone, beside = s["per_round_ms"], r["per_round_ms"]
+        hidden = alone["draft"] - beside["draft"]
+        slower = beside["verify"] - alone["verify"]
+        waited = beside["host"] - alone["host"]
+        share = alone["draft"] / sum(alone.values())
+        ratio = r["tokens_per_s"] / s["tokens_per_s"]
+        target, draft = (int(n) for n in r["threads"].split(":"))
+        why = [f"hides {hidden:.2f} of the {alone['draft']:.2f} ms a round drafts "
+               f"({share:.0%} of a sequential round; bets right {r['split_hit_rate']:.0%})"]
+        if slower > 0.03 * alone["verify"]:
+            why.append(f"the verification takes {slower:.2f} ms longer beside the draft's "
+                       f"thread (+{slower / alone['verify']:.0%})" +
+                       (f": {target}+{draft} threads on {cores} cores, the draft takes a core "
+                        f"from the target" if cores and target + draft > cores else ""))
+        if waited > 0.03 * alone["verify"]:
+            why.append(f"waits {waited:.2f} ms a round for the draft's thread")
+        out.append({"k": r["k"], "threads": r["threads"], "ratio": ratio,
+                    "verdict": "wins" if ratio > 1.02 else "loses" if ratio < 0.98 else "level",
+                    "draft_share": share, "hidden_ms": hidden, "verify_slower_ms": slower,
+                    "waited_ms": waited, "why": "; ".join(why)})
+    return out
 
 
 def _alpha_from_tokens_per_round(tokens: float, k: float) -> float:
@@ -175,8 +211,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _configs(args) -> list[Config]:
-    from .backends import cpu_cores
-
     try:
         ks = [k if k == "auto" else int(k) for k in args.k.split(",")]
         placements = [tuple(int(n) for n in t.split(":")) for t in args.threads.split(",")] \
@@ -214,6 +248,12 @@ def format_table(report: dict) -> str:
         lines.append(f"threads {t}: target step {cal['target_step_ms']:.2f} ms, draft step "
                      f"{cal['draft_step_ms']:.2f} ms (a round's first {cal['draft_first_ms']:.2f}"
                      f" ms), c = {cal['c']:.3f}, c1 = {cal['c_first']:.3f}, v(0..) = {v}")
+    if report.get("split_vs_sequential"):
+        lines.append("split against sequential (same k and threads; a round's ms change = "
+                     "- hidden drafting + slower verification + waiting):")
+    for v in report.get("split_vs_sequential", []):
+        lines.append(f"  k={v['k']} threads={v['threads']}: {v['ratio']:.2f}x, {v['verdict']}: "
+                     f"{v['why']}")
     lines.append("per-round times in ms; bound = (1-a^(k+1))/((1-a)(c1 + (k-1) c + v(k))); "
                  "eff = measured speed-up over k=0 at the same threads / bound")
     return "\n".join(lines)

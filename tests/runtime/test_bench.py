@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from ssd_runtime.bench import main
+from ssd_runtime.bench import main, split_against_sequential
 
 
 def test_bench_report(bundle_factory, tmp_path, capsys):
@@ -33,6 +33,34 @@ def test_bench_report(bundle_factory, tmp_path, capsys):
             assert r["mean_k"] <= 2 and r["bound"] > 0
     for cal in report["calibration"].values():
         assert cal["c"] > 0 and cal["c_first"] > 0 and cal["v"][0] == pytest.approx(1.0)
+    # split beside sequential at every k and placement, with its reasons, in the table too
+    versus = {(v["k"], v["threads"]): v for v in report["split_vs_sequential"]}
+    assert set(versus) == {(k, t) for k in (2, "auto") for t in ("1:1", "2:1")}
+    for (k, threads), v in versus.items():
+        split, seq = rows[(k, "split", threads)], rows[(k, "sequential", threads)]
+        assert v["ratio"] == pytest.approx(split["tokens_per_s"] / seq["tokens_per_s"])
+        assert v["hidden_ms"] == pytest.approx(seq["per_round_ms"]["draft"]
+                                               - split["per_round_ms"]["draft"])
+        assert f"k={k} threads={threads}: {v['ratio']:.2f}x, {v['verdict']}: hides" in table
+
+
+def test_split_verdict_names_the_cause():
+    """A split run whose verification slowed beside the draft's thread on too few cores."""
+    def row(mode, tps, draft, verify, host, hits=0.0):
+        return {"k": 8, "mode": mode, "threads": "2:1", "tokens_per_s": tps,
+                "split_hit_rate": hits,
+                "per_round_ms": {"draft": draft, "verify": verify, "host": host}}
+
+    rows = [row("sequential", 2400.0, 0.45, 1.50, 0.05),
+            row("split", 2040.0, 0.10, 1.95, 0.06, hits=0.6)]
+    (v,) = split_against_sequential(rows, cores=2)
+    assert v["verdict"] == "loses" and v["ratio"] == pytest.approx(0.85)
+    assert v["hidden_ms"] == pytest.approx(0.35) and v["verify_slower_ms"] == pytest.approx(0.45)
+    assert v["draft_share"] == pytest.approx(0.45 / 2.0)
+    assert "+30%" in v["why"] and "2+1 threads on 2 cores" in v["why"]
+    assert "waits" not in v["why"]
+    (v,) = split_against_sequential(rows, cores=4)    # room for all three threads: no such cause
+    assert "cores" not in v["why"]
 
 
 def test_bench_bad_arguments(bundle_factory, capsys):
