@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from .generator import Generator
 
-    gen = Generator.load(args.bundle, backend=args.backend, threads=args.threads)
+    gen = Generator.load(args.bundle, backend=args.backend, threads=args.threads,
+                         mode=args.mode)
     options = dict(max_new_tokens=args.max_new_tokens, k=args.k, temperature=args.temperature,
                    top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,
                    mode=args.mode, repetition_penalty=args.repetition_penalty,

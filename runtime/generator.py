@@ -37,10 +37,13 @@ class GenerationResult:
 
 class Generator:
     def __init__(self, root: Path, manifest: Manifest, backend: str = "auto",
-                 threads: Threads = None, fused_heads: bool | None = None) -> None:
-        self.root, self.manifest = root, manifest
+                 threads: Threads = None, fused_heads: bool | None = None,
+                 mode: Mode = "sequential") -> None:
+        if mode not in DRAFTERS:
+            raise ConfigError(f"mode={mode!r} is unknown; choose one of {', '.join(DRAFTERS)}.")
+        self.root, self.manifest, self.mode = root, manifest, mode
         self.codec = TextCodec(root, manifest.tokenizer)
-        opened = open_backend(root, manifest, backend, threads)
+        opened = open_backend(root, manifest, backend, threads, mode)
         self.target, self.draft = opened.target, opened.draft
         self.backend = opened.backend            # "cpu" | "cuda" | "trt"
         self.backend_reason = opened.reason      # e.g. "cpu (auto): trt skipped: TensorRT …"
@@ -56,13 +59,16 @@ class Generator:
 
     @classmethod
     def load(cls, bundle: str | Path, backend: str = "auto", threads: Threads = None,
-             verify: bool = True, fused_heads: bool | None = None) -> Generator:
+             verify: bool = True, fused_heads: bool | None = None,
+             mode: Mode = "sequential") -> Generator:
         """Open a bundle written by ssd-export; `verify` checks every file's sha256.
         `backend`: auto (trt, then cuda, then cpu; `gen.backend_reason` says why), cpu, cuda
         or trt. `fused_heads`: make decisions with the bundle's ONNX heads (default: on a
-        GPU, where they read the device logits and return token ids)."""
+        GPU, where they read the device logits and return token ids). `mode`: the mode
+        generate() runs by default and, with `threads=None`, the one the CPU threads are
+        chosen for (split: one core for the draft's thread, the rest for the target)."""
         root = Path(bundle)
-        return cls(root, read_manifest(root, verify=verify), backend, threads, fused_heads)
+        return cls(root, read_manifest(root, verify=verify), backend, threads, fused_heads, mode)
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128,
                  k: int | Literal["auto"] = "auto", **settings: Any) -> GenerationResult:
@@ -77,16 +83,17 @@ class Generator:
                k: int | Literal["auto"] = "auto",
                temperature: float | None = None, top_k: int | None = None,
                top_p: float | None = None, seed: int | None = None,
-               stop: Sequence[str] | None = None, mode: Mode = "sequential",
+               stop: Sequence[str] | None = None, mode: Mode | None = None,
                repetition_penalty: float | None = None,
                presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                logit_bias: dict[int, float] | None = None, min_new_tokens: int = 0,
                ignore_eos: bool = False, coupling: str = "auto") -> Iterator[str]:
         """Yield text pieces as tokens are accepted; `last_result` holds the whole result.
-        Unset temperature, top_k, top_p and repetition_penalty take `defaults()`; `ignore_eos`
-        generates on past EOS (benchmarks of a fixed length). `coupling` (sampling.COUPLINGS):
-        with a seed, by default, the tokens are the target alone's for that seed whatever k,
-        mode or backend; "rejection" keeps the rule that accepts most. Bad settings raise
+        Unset temperature, top_k, top_p and repetition_penalty take `defaults()`, an unset
+        mode the one the generator was loaded for; `ignore_eos` generates on past EOS
+        (benchmarks of a fixed length). `coupling` (sampling.COUPLINGS): with a seed, by
+        default, the tokens are the target alone's for that seed whatever k, mode or
+        backend; "rejection" keeps the rule that accepts most. Bad settings raise
         ConfigError here, before the first piece."""
         if logit_bias is not None and not isinstance(logit_bias, dict):
             raise ConfigError(f"logit_bias must be a dict {{token id: bias}}, not "
@@ -102,6 +109,7 @@ class Generator:
                                 min_new_tokens=min_new_tokens, coupling=coupling)
         ids = self._prompt_ids(prompt)
         self._check(k, max_new_tokens, stop)
+        mode = self.mode if mode is None else mode
         if mode not in DRAFTERS:
             raise ConfigError(f"mode={mode!r} is unknown; choose one of {', '.join(DRAFTERS)}.")
         vocab = self.manifest.target.vocab_size

@@ -3,7 +3,10 @@
 `auto` picks TensorRT (when the bundle has engines for this GPU and TensorRT
 version), then ORT CUDA, then ORT CPU, and says why (select.py decides from
 plain facts). With `threads=None` each CPU model's intra-op thread count is
-chosen by timing a few steps at 1 thread and at every core.
+chosen by timing a few steps at 1 thread and at every core it may have: all of
+them in sequential mode; in split mode, where the draft runs on a thread of its
+own beside the target's verification, one core is the draft's and the rest the
+target's.
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ def cpu_cores() -> int:
 
 
 def open_backend(root: Path, manifest: Manifest, backend: str = "auto",
-                 threads: Threads = None) -> Opened:
+                 threads: Threads = None, mode: str = "sequential") -> Opened:
     """Open both sessions on the first backend of the plan that opens; say why it won."""
     if backend not in BACKENDS:
         raise BackendError(f"backend {backend!r} is unknown; choose one of {', '.join(BACKENDS)}.")
@@ -51,7 +54,7 @@ def open_backend(root: Path, manifest: Manifest, backend: str = "auto",
     failures: list[str] = []
     for name in chosen_plan.attempts:
         try:
-            target, draft = _OPENERS[name](root, manifest, placement, chosen_plan)
+            target, draft = _OPENERS[name](root, manifest, placement, chosen_plan, mode)
         except BackendError as exc:
             if backend != "auto" or name == chosen_plan.attempts[-1]:
                 raise
@@ -75,12 +78,16 @@ def probe(manifest: Manifest, requested: str) -> Facts:
     return Facts(version, problem, gpu, providers, tuple(manifest.engines))
 
 
-def _open_cpu(root: Path, manifest: Manifest, placement, _: Plan):
-    target = _open(root, manifest, "target", manifest.target, placement[0])
-    return target, _open(root, manifest, "draft", manifest.draft, placement[1], beside=target)
+def _open_cpu(root: Path, manifest: Manifest, placement, _: Plan, mode: str):
+    cores = cpu_cores()
+    split = mode == "split"                 # the draft's thread runs beside the target's
+    target = _open(root, manifest, "target", manifest.target, placement[0],
+                   cores=max(1, cores - 1) if split else cores)
+    return target, _open(root, manifest, "draft", manifest.draft, placement[1], beside=target,
+                         cores=1 if split else cores)
 
 
-def _open_cuda(root: Path, manifest: Manifest, placement, _: Plan):
+def _open_cuda(root: Path, manifest: Manifest, placement, _: Plan, __: str):
     from .ort_cuda import OrtCudaSession
 
     max_new = manifest.max_draft + 2
@@ -90,7 +97,7 @@ def _open_cuda(root: Path, manifest: Manifest, placement, _: Plan):
                                         ("draft", manifest.draft, placement[1])))
 
 
-def _open_trt(root: Path, manifest: Manifest, placement, chosen: Plan):
+def _open_trt(root: Path, manifest: Manifest, placement, chosen: Plan, _: str):
     from .trt import TrtSession
 
     assert chosen.engines is not None
@@ -104,15 +111,17 @@ _OPENERS = {"cpu": _open_cpu, "cuda": _open_cuda, "trt": _open_trt}
 
 
 def _open(root: Path, manifest: Manifest, name: str, entry: ModelEntry,
-          threads: int | None, beside: ModelSession | None = None) -> ModelSession:
+          threads: int | None, beside: ModelSession | None = None,
+          cores: int = 1) -> ModelSession:
+    """A CPU session with `threads` intra-op threads, or else the faster of 1 and `cores`."""
     from .ort import OrtCpuSession
 
     max_new = manifest.max_draft + 2     # verify k+1, or a draft step with its catch-up token
     path = root / entry.path
-    if threads is not None or cpu_cores() == 1:
+    if threads is not None or cores == 1:
         return OrtCpuSession(name, path, entry, manifest.max_context, max_new, threads or 1)
     candidates = [OrtCpuSession(name, path, entry, manifest.max_context, max_new, n)
-                  for n in sorted({1, cpu_cores()})]
+                  for n in (1, cores)]
     return _fastest(candidates, beside)
 
 

@@ -42,3 +42,19 @@ def test_unknown_mode(bundle_factory):
     gen = Generator.load(bundle_factory("llama", "llama_cut"))
     with pytest.raises(ConfigError, match=r"mode='parallel' is unknown"):
         gen.generate("x", mode="parallel")
+    with pytest.raises(ConfigError, match=r"mode='parallel' is unknown"):
+        Generator.load(bundle_factory("llama", "llama_cut"), mode="parallel")
+
+
+def test_loaded_for_split_leaves_the_draft_a_core(bundle_factory):
+    """threads=None chooses per mode: in split mode the draft's thread has a core of its own
+    and generate() runs split unless told otherwise, with the sequential mode's tokens."""
+    from ssd_runtime.backends import cpu_cores
+
+    bundle = bundle_factory("llama", "llama_cut")
+    gen = Generator.load(bundle, mode="split")
+    assert gen.draft.threads == 1 and gen.target.threads <= max(1, cpu_cores() - 1)
+    res = gen.generate(prompt_ids(7), max_new_tokens=24, k=3)
+    assert res.stats.mode == "split" and res.stats.split_bets > 0
+    assert res.token_ids == gen.generate(prompt_ids(7), max_new_tokens=24, k=3,
+                                         mode="sequential").token_ids
