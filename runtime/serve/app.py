@@ -134,7 +134,8 @@ class _EventStream(StreamingResponse):
 def create_app(config: ServeConfig, generator: Generator | None = None,
                replica: str = "local") -> FastAPI:
     """Load the bundle (unless a generator is given) and build the app; errors are SsdError."""
-    generator = generator or Generator.load(config.bundle, config.backend, config.threads)
+    generator = generator or Generator.load(config.bundle, config.backend, config.threads,
+                                            mode=config.mode)
     server = Server(config, generator, replica)
 
     @asynccontextmanager

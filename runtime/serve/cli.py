@@ -29,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest max_tokens a request may ask for (default: the bundle's "
                         "max_context)")
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads")
+    p.add_argument("--mode", choices=("sequential", "split"), default="sequential",
+                   help="split: draft the next round while the target verifies (threads "
+                        "are chosen for it: one core for the draft)")
     p.add_argument("--model-name", default=None, metavar="NAME",
                    help="model id clients must send (default: the bundle folder's name)")
     p.add_argument("--ray-replicas", type=int, default=0, metavar="N",
@@ -43,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
     return ServeConfig(bundle=args.bundle, host=args.host, port=args.port, backend=args.backend,
                        k=args.k, max_queue=args.max_queue, max_tokens_limit=args.max_tokens_limit,
-                       threads=args.threads, model_name=args.model_name)
+                       threads=args.threads, mode=args.mode, model_name=args.model_name)
 
 
 @cli_main("ssd-serve")

@@ -23,6 +23,7 @@ class ServeConfig:
     max_queue: int = 64                 # requests waiting for the generator, beyond the running one
     max_tokens_limit: int | None = None  # None: the bundle's max_context
     threads: int | None = None
+    mode: Literal["sequential", "split"] = "sequential"   # split: the draft runs ahead on a thread
     model_name: str | None = None       # None: the bundle folder's name
 
     def __post_init__(self) -> None:
@@ -33,6 +34,8 @@ class ServeConfig:
             raise ConfigError(f"--max-tokens-limit {self.max_tokens_limit} must be at least 1.")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads {self.threads} must be at least 1.")
+        if self.mode not in ("sequential", "split"):
+            raise ConfigError(f"--mode {self.mode!r} is unknown; use sequential or split.")
 
     @property
     def served_name(self) -> str:

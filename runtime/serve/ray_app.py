@@ -51,7 +51,7 @@ def build_app(config: ServeConfig, replicas: int) -> Application:
 def app_builder(args: dict[str, str]) -> Application:
     """For `serve run ssd_runtime.serve.ray_app:app_builder bundle=DIR [replicas=N] [k=..]`."""
     fields = {"k": str, "max_queue": int, "max_tokens_limit": int, "threads": int,
-              "model_name": str, "backend": str}
+              "model_name": str, "backend": str, "mode": str}
     options = {name: cast(args[name]) for name, cast in fields.items() if name in args}
     return build_app(ServeConfig(bundle=args["bundle"], **options), int(args.get("replicas", 1)))
 

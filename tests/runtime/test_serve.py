@@ -278,6 +278,19 @@ def test_no_chat_template_is_a_clear_400(bundle_factory):
                                                   "max_tokens": 2}).status_code == 200
 
 
+def test_split_mode_server_answers_as_the_sequential_generator(bundle, gen):
+    from fastapi.testclient import TestClient
+
+    app = create_app(ServeConfig(bundle=bundle, model_name=MODEL, mode="split"))
+    assert app.state.server.generator.mode == "split"
+    with TestClient(app) as http:
+        res = http.post("/v1/completions", json={"model": MODEL, "prompt": "def f(x):",
+                                                 "max_tokens": 24, "temperature": 0})
+    assert res.status_code == 200
+    expected = gen.generate("def f(x):", max_new_tokens=24, temperature=0, mode="sequential")
+    assert res.json()["choices"][0]["text"] == expected.text
+
+
 def wait_idle(server, timeout_s: float) -> float:
     """Seconds until the server has no running and no waiting request."""
     start = time.perf_counter()
