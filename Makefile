@@ -26,7 +26,7 @@ demo: install
 	$(BIN)/ssd-run $(DEMO)/bundle --prompt "$(PROMPT)" --max-new-tokens 128 --k 0 --stats
 	$(BIN)/ssd-run $(DEMO)/bundle --prompt "$(PROMPT)" --max-new-tokens 128 --stats
 
-# Retrain the pair (about 40 minutes on 2 quiet cores; `PRESET=quick` takes about 2).
+# Retrain the pair (36 minutes on 2 cores, measured 2026-12-01; `PRESET=quick` takes about 2).
 PRESET ?= full
 demo-pair: install
 	$(BIN)/python tools/make_demo_pair.py --output $(PAIR) --preset $(PRESET) --threads 2 --force
