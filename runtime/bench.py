@@ -17,7 +17,7 @@ import numpy as np
 
 from .backends import cpu_cores
 from .errors import ConfigError, cli_main
-from .perf import CostModel, expected_tokens
+from .perf import CostModel, calibrate, expected_tokens
 
 
 @dataclass(frozen=True)
@@ -54,12 +54,16 @@ def run_bench(bundle: str, configs: list[Config], prompts: list[str], max_new_to
 
     placements = sorted({c.threads for c in configs})
     gens = {t: Generator.load(bundle, backend=backend, threads=t) for t in placements}
-    costs = {t: gens[t].cost_model() for t in placements}
     runs: dict[Config, list] = {c: [] for c in configs}
     for c in configs:                                    # warm-up, not recorded
         gens[c.threads].generate(prompts[0], max_new_tokens=8, k=c.k, mode=c.mode)
+    # the bound's c and v(k): calibrated before every prompt, beside the runs, and the
+    # median taken (one calibration takes ~0.2 s, a moment of a machine whose state moves)
+    calibrations: dict[tuple[int, int], list[CostModel]] = {t: [] for t in placements}
     for r in range(repeats):
         for p, prompt in enumerate(prompts):
+            for t, gen in gens.items():
+                calibrations[t].append(calibrate(gen.target, gen.draft, gen.manifest.max_draft))
             shift = (r * len(prompts) + p) % len(configs)
             for c in configs[shift:] + configs[:shift]:   # rotate the order every prompt
                 res = gens[c.threads].generate(prompt, max_new_tokens=max_new_tokens, k=c.k,
@@ -69,6 +73,7 @@ def run_bench(bundle: str, configs: list[Config], prompts: list[str], max_new_to
                 runs[c].append((p, res.stats))
     # k=0 per thread placement: the bound's (and so the efficiency's) own baseline; the
     # speed-up column is against the fastest of them
+    costs = {t: CostModel.median(calibrations[t]) for t in placements}
     own = {c.threads: _tokens_per_s(runs[c]) for c in configs if c.k == 0}
     baseline = max(own.values()) if own else None
     rows = [_summary(c, runs[c], costs[c.threads], baseline, own.get(c.threads, baseline))
@@ -79,8 +84,15 @@ def run_bench(bundle: str, configs: list[Config], prompts: list[str], max_new_to
             "max_new_tokens": max_new_tokens, "temperature": temperature, "coupling": coupling,
             "prompts": len(prompts), "repeats": repeats, "baseline_tokens_per_s": baseline,
             "cpu_cores": cores,
-            "calibration": {f"{t[0]}:{t[1]}": costs[t].as_dict() for t in placements},
+            "calibration": {f"{t[0]}:{t[1]}": _calibration_row(costs[t], calibrations[t])
+                            for t in placements},
             "results": rows, "split_vs_sequential": split_against_sequential(rows, cores)}
+
+
+def _calibration_row(cost: CostModel, models: list[CostModel]) -> dict:
+    steps = [1e3 * m.target_step for m in models]
+    return {**cost.as_dict(), "calibrations": len(models),
+            "target_step_ms_range": [min(steps), max(steps)]}
 
 
 def _tokens_per_s(runs: list) -> float:
@@ -245,7 +257,9 @@ def format_table(report: dict) -> str:
             f"{100 * r['host_share']:5.1f}%")
     for t, cal in report["calibration"].items():
         v = ", ".join(f"{x:.2f}" for x in cal["v"])
-        lines.append(f"threads {t}: target step {cal['target_step_ms']:.2f} ms, draft step "
+        low, high = cal["target_step_ms_range"]
+        lines.append(f"threads {t}: target step {cal['target_step_ms']:.2f} ms ({low:.2f}-"
+                     f"{high:.2f} over {cal['calibrations']} calibrations; medians), draft step "
                      f"{cal['draft_step_ms']:.2f} ms (a round's first {cal['draft_first_ms']:.2f}"
                      f" ms), c = {cal['c']:.3f}, c1 = {cal['c_first']:.3f}, v(0..) = {v}")
     if report.get("split_vs_sequential"):

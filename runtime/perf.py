@@ -48,6 +48,18 @@ class CostModel:
     def best_k(self, alpha: float, max_k: int) -> int:
         return max(range(max_k + 1), key=lambda k: self.speedup(alpha, k))
 
+    @classmethod
+    def median(cls, models: Sequence[CostModel]) -> CostModel:
+        """Each time the median of several calibrations' (a noisy machine's state moves)."""
+        def mid(values) -> float:
+            return float(np.median(list(values)))
+
+        verify = [mid(m.verify[k] for m in models) for k in range(len(models[0].verify))]
+        return cls(target_step=mid(m.target_step for m in models),
+                   draft_step=mid(m.draft_step for m in models),
+                   verify=tuple(float(v) for v in np.maximum.accumulate(verify)),
+                   draft_first=mid(m.c_first * m.target_step for m in models))
+
     def as_dict(self) -> dict:
         return {"target_step_ms": self.target_step * 1e3, "draft_step_ms": self.draft_step * 1e3,
                 "draft_first_ms": self.c_first * self.target_step * 1e3, "c": self.c,

@@ -33,6 +33,8 @@ def test_bench_report(bundle_factory, tmp_path, capsys):
             assert r["mean_k"] <= 2 and r["bound"] > 0
     for cal in report["calibration"].values():
         assert cal["c"] > 0 and cal["c_first"] > 0 and cal["v"][0] == pytest.approx(1.0)
+        low, high = cal["target_step_ms_range"]       # one calibration per prompt and repeat
+        assert cal["calibrations"] == 2 and low <= cal["target_step_ms"] <= high
     # split beside sequential at every k and placement, with its reasons, in the table too
     versus = {(v["k"], v["threads"]): v for v in report["split_vs_sequential"]}
     assert set(versus) == {(k, t) for k in (2, "auto") for t in ("1:1", "2:1")}

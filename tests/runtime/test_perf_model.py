@@ -161,3 +161,17 @@ def test_auto_on_a_real_bundle(bundle_factory):
     gen._times.clear()                 # the round times learnt so far came from the real costs
     res = gen.generate([0, 5, 9], max_new_tokens=64, k="auto")
     assert res.stats.acceptance_rate == 1.0 and res.stats.mean_k > 3
+
+
+def test_median_of_calibrations_takes_each_time_apart_and_keeps_verify_monotone():
+    runs = [CostModel(1.0, 0.05, (1.0, 1.2, 1.5), draft_first=0.1),
+            CostModel(1.4, 0.07, (1.4, 1.3, 1.6), draft_first=0.2),
+            CostModel(1.1, 0.04, (1.1, 1.0, 1.9), draft_first=0.12)]
+    m = CostModel.median(runs)
+    assert (m.target_step, m.draft_step) == (1.1, 0.05)
+    assert m.verify == (1.1, 1.2, 1.6)                 # medians 1.1, 1.2, 1.6: already rising
+    assert m.c_first * m.target_step == pytest.approx(0.12)
+    low = CostModel.median([CostModel(1.0, 0.05, (1.0, 0.9, 1.2)), runs[0], runs[0]])
+    assert low.verify == (1.0, 1.2, 1.5)
+    dip = CostModel.median([CostModel(1.0, 0.05, (1.0, 0.9, 1.2))] * 3)
+    assert dip.verify == (1.0, 1.0, 1.2)               # a dip in k is noise: smoothed away
