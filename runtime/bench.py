@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import dataclass
 from importlib import resources
@@ -32,8 +33,12 @@ class Config:
 
 
 def load_prompts(path: str | None) -> list[str]:
-    text = Path(path).read_text() if path else \
-        resources.files("ssd_runtime").joinpath("data/bench_prompts.jsonl").read_text()
+    try:
+        text = Path(path).read_text() if path else \
+            resources.files("ssd_runtime").joinpath("data/bench_prompts.jsonl").read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--prompts {path}: cannot read it ({exc}). ---> HINT: pass a JSONL "
+                          f"file with one {{\"prompt\": ...}} object per line.") from None
     prompts = []
     for i, line in enumerate(text.splitlines(), 1):
         if line.strip():
@@ -212,14 +217,33 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configs = _configs(args)
-    report = run_bench(args.bundle, configs, load_prompts(args.prompts), args.max_new_tokens,
+    prompts = load_prompts(args.prompts)
+    for flag, path in (("--json", args.json_out), ("--plot", args.plot)):
+        if path:                          # before a run of minutes, not after it
+            _writable(flag, Path(path))
+    if args.plot:
+        _pyplot()
+    report = run_bench(args.bundle, configs, prompts, args.max_new_tokens,
                        args.temperature, args.repeats, args.backend, args.coupling)
     print(format_table(report))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+    if args.json_out:                     # whole or not at all: a temporary file, renamed
+        tmp = Path(f"{args.json_out}.tmp")
+        tmp.write_text(json.dumps(report, indent=2) + "\n")
+        tmp.replace(args.json_out)
     if args.plot:
         plot(report, args.plot)
     return 0
+
+
+def _writable(flag: str, path: Path) -> None:
+    """Make the output's folder; say clearly when the output cannot be written there."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{flag} {path}: cannot create its folder ({exc.strerror}).") from None
+    if path.is_dir() or not os.access(path.parent, os.W_OK):
+        raise ConfigError(f"{flag} {path}: " + ("is a folder; give a file name." if path.is_dir()
+                                                 else "its folder is not writable."))
 
 
 def _configs(args) -> list[Config]:
@@ -233,6 +257,9 @@ def _configs(args) -> list[Config]:
     modes = args.mode.split(",")
     if bad := [m for m in modes if m not in ("sequential", "split")]:
         raise ConfigError(f"--mode {bad[0]!r} is unknown; use sequential and/or split.")
+    if args.repeats < 1 or args.max_new_tokens < 1:
+        raise ConfigError(f"--repeats {args.repeats} / --max-new-tokens {args.max_new_tokens}: "
+                          f"each must be at least 1.")
     if placements and any(len(t) != 2 or min(t) < 1 for t in placements):
         raise ConfigError(f"--threads {args.threads!r}: each placement is TARGET:DRAFT, >= 1.")
     configs = []
@@ -273,13 +300,19 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(report: dict, path: str) -> None:
+def _pyplot():
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SystemExit("ssd-bench: error: --plot needs matplotlib (pip install matplotlib)")
+        raise ConfigError("--plot needs matplotlib. ---> HINT: pip install matplotlib, or drop "
+                          "--plot (--json keeps every figure).") from None
+    return plt
+
+
+def plot(report: dict, path: str) -> None:
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     groups: dict[str, list] = {}
     for r in report["results"]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -65,10 +66,31 @@ def test_split_verdict_names_the_cause():
     assert "cores" not in v["why"]
 
 
-def test_bench_bad_arguments(bundle_factory, capsys):
+def test_bench_bad_arguments(bundle_factory, capsys, tmp_path):
     bundle = str(bundle_factory("llama", "llama_cut"))
     assert main([bundle, "--k", "0,two"]) == 2
     assert main([bundle, "--mode", "parallel"]) == 2
     assert main([bundle, "--threads", "2:0"]) == 2
     err = capsys.readouterr().err
     assert "--k" in err and "parallel" in err and "TARGET:DRAFT" in err
+    # refused before the run (minutes), each with one line naming the flag
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for args, fragment in ((["--repeats", "0"], "--repeats 0"),
+                           (["--max-new-tokens", "0"], "--max-new-tokens 0"),
+                           (["--prompts", str(tmp_path / "none.jsonl")], "none.jsonl: cannot read"),
+                           (["--json", str(blocker / "out.json")], "cannot create its folder"),
+                           (["--plot", str(tmp_path)], "is a folder")):
+        assert main([bundle, "--k", "0", *args]) == 2, args
+        err = capsys.readouterr().err
+        assert fragment in err and "Traceback" not in err and err.count("\n") == 1, err
+    out = tmp_path / "new" / "bench.json"                 # a new folder is made, as mkdir -p
+    assert main([bundle, "--k", "0", "--max-new-tokens", "2", "--repeats", "1",
+                 "--prompts", str(_one_prompt(tmp_path)), "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["results"] and not Path(f"{out}.tmp").exists()
+
+
+def _one_prompt(tmp_path):
+    path = tmp_path / "one.jsonl"
+    path.write_text('{"prompt": "def f(x):"}\n')
+    return path
