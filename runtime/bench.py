@@ -37,7 +37,8 @@ def load_prompts(path: str | None) -> list[str]:
         text = Path(path).read_text() if path else \
             resources.files("ssd_runtime").joinpath("data/bench_prompts.jsonl").read_text()
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"--prompts {path}: cannot read it ({exc}). ---> HINT: pass a JSONL "
+        why = getattr(exc, "strerror", None) or exc
+        raise ConfigError(f"--prompts {path}: cannot read it ({why}). ---> HINT: pass a JSONL "
                           f"file with one {{\"prompt\": ...}} object per line.") from None
     prompts = []
     for i, line in enumerate(text.splitlines(), 1):
@@ -257,9 +258,9 @@ def _configs(args) -> list[Config]:
     modes = args.mode.split(",")
     if bad := [m for m in modes if m not in ("sequential", "split")]:
         raise ConfigError(f"--mode {bad[0]!r} is unknown; use sequential and/or split.")
-    if args.repeats < 1 or args.max_new_tokens < 1:
-        raise ConfigError(f"--repeats {args.repeats} / --max-new-tokens {args.max_new_tokens}: "
-                          f"each must be at least 1.")
+    for flag, value in (("--repeats", args.repeats), ("--max-new-tokens", args.max_new_tokens)):
+        if value < 1:
+            raise ConfigError(f"{flag} {value} must be at least 1.")
     if placements and any(len(t) != 2 or min(t) < 1 for t in placements):
         raise ConfigError(f"--threads {args.threads!r}: each placement is TARGET:DRAFT, >= 1.")
     configs = []
