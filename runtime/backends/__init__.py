@@ -122,27 +122,39 @@ def _open(root: Path, manifest: Manifest, name: str, entry: ModelEntry,
         return OrtCpuSession(name, path, entry, manifest.max_context, max_new, threads or 1)
     candidates = [OrtCpuSession(name, path, entry, manifest.max_context, max_new, n)
                   for n in (1, cores)]
-    return _fastest(candidates, beside)
+    # what each runs in the loop: the target single steps (k=0) and whole verifications,
+    # which gain far more from threads than one token does; the draft a round of steps
+    # right after a verification
+    verify = manifest.max_draft + 1
+    lengths = (1, verify) if beside is None else (1,) * manifest.max_draft
+    return _fastest(candidates, beside, lengths, verify)
 
 
 def _fastest(candidates: list[ModelSession], beside: ModelSession | None,
+             lengths: tuple[int, ...] = (1,), beside_len: int = 1,
              rounds: int = 24) -> ModelSession:
-    """The session with the fewest threads unless more threads are clearly (15%) faster:
-    fewer threads leave cores to the other model and to split mode. Timed interleaved, and
-    for the draft each step right after a target step, as in the loop (the target's thread
-    pool keeps spinning for a while after its run and takes cores from the draft)."""
-    past = min(32, candidates[0].max_context - 2)
-    ids = np.zeros(1, np.int64)
+    """The session with the fewest threads unless more threads are clearly (15%) faster at
+    passes of `lengths` new tokens (each round times one pass of each): fewer threads leave
+    cores to the other model and to split mode. Timed interleaved, and for the draft right
+    after a pass of `beside_len` tokens of the target, as in the loop (the target's thread
+    pool keeps spinning for a while after its run and takes cores from the draft). Timing
+    one-token passes alone gave the target 1 thread when its one-token step happened to
+    gain under 15% from a second one, though its 9-token verification gained 1.5x
+    (tokens/s fell by a third)."""
+    past = min(32, candidates[0].max_context - max(*lengths, beside_len) - 1)
+    one, after = np.zeros(1, np.int64), np.zeros(beside_len, np.int64)
+    passes = [np.zeros(n, np.int64) for n in lengths]
     for s in [*candidates, *([beside] if beside else [])]:
         s.prefill(np.zeros(past, np.int64))
-        s.forward(ids, past)
+        s.forward(one, past)
     times: list[list[float]] = [[] for _ in candidates]
     for _ in range(rounds):
         for s, spent in zip(candidates, times):
             if beside is not None:
-                beside.forward(ids, past)
+                beside.forward(after, past)
             t0 = perf_counter()
-            s.forward(ids, past)
+            for ids in passes:
+                s.forward(ids, past)
             spent.append(perf_counter() - t0)
     medians = [float(np.median(t)) for t in times]
     best = 0

@@ -282,3 +282,38 @@ def test_cuda_errors_name_the_call_and_are_formatted_only_on_failure():
         _call(cudart, (bad,), lambda: "target: cudaMemcpyAsync H2D of 8 bytes")
     with pytest.raises(BackendError, match="CUDA cudaSetDevice failed"):
         _call(cudart, bad, "cudaSetDevice")
+
+
+# --- choosing CPU threads ---------------------------------------------------------------
+
+class _Timed:
+    """A stand-in whose passes take given seconds by new-token count (busy-waited): the
+    thread chooser's decision is what is under test, not ONNX Runtime."""
+
+    max_context = 256
+
+    def __init__(self, threads: int, seconds: dict[int, float]) -> None:
+        from time import perf_counter
+
+        self.threads, self.seconds, self.clock = threads, seconds, perf_counter
+
+    def prefill(self, ids) -> None:
+        pass
+
+    def forward(self, ids, past_len: int) -> None:
+        end = self.clock() + self.seconds[len(ids)]
+        while self.clock() < end:
+            pass
+
+
+def test_threads_are_chosen_on_the_passes_the_loop_runs():
+    """One token barely gains from a second thread (5%) but a verification gains 2x: the
+    target gets both threads once verifications are timed too; and the fewer threads win
+    unless more are clearly faster."""
+    from ssd_runtime.backends import _fastest
+
+    one, two = _Timed(1, {1: 1e-3, 9: 3e-3}), _Timed(2, {1: 0.95e-3, 9: 1.5e-3})
+    assert _fastest([one, two], None, lengths=(1,), rounds=8).threads == 1
+    assert _fastest([one, two], None, lengths=(1, 9), rounds=8).threads == 2
+    level = _Timed(2, {1: 0.95e-3, 9: 2.9e-3})
+    assert _fastest([one, level], None, lengths=(1, 9), rounds=8).threads == 1
