@@ -126,7 +126,7 @@ def _open(root: Path, manifest: Manifest, name: str, entry: ModelEntry,
     # which gain far more from threads than one token does; the draft a round of steps
     # right after a verification
     verify = manifest.max_draft + 1
-    lengths = (1, verify) if beside is None else (1,) * manifest.max_draft
+    lengths = (1, verify) if beside is None else (1,) * max(1, manifest.max_draft)
     return _fastest(candidates, beside, lengths, verify)
 
 
