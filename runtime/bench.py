@@ -242,9 +242,10 @@ def _writable(flag: str, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"{flag} {path}: cannot create its folder ({exc.strerror}).") from None
-    if path.is_dir() or not os.access(path.parent, os.W_OK):
-        raise ConfigError(f"{flag} {path}: " + ("is a folder; give a file name." if path.is_dir()
-                                                 else "its folder is not writable."))
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path}: is a folder; give a file name.")
+    if not os.access(path.parent, os.W_OK):
+        raise ConfigError(f"{flag} {path}: its folder is not writable.")
 
 
 def _configs(args) -> list[Config]:

@@ -39,9 +39,7 @@ class Generator:
     def __init__(self, root: Path, manifest: Manifest, backend: str = "auto",
                  threads: Threads = None, fused_heads: bool | None = None,
                  mode: Mode = "sequential") -> None:
-        if mode not in DRAFTERS:
-            raise ConfigError(f"mode={mode!r} is unknown; choose one of {', '.join(DRAFTERS)}.")
-        self.root, self.manifest, self.mode = root, manifest, mode
+        self.root, self.manifest, self.mode = root, manifest, _checked_mode(mode)
         self.codec = TextCodec(root, manifest.tokenizer)
         opened = open_backend(root, manifest, backend, threads, mode)
         self.target, self.draft = opened.target, opened.draft
@@ -109,9 +107,7 @@ class Generator:
                                 min_new_tokens=min_new_tokens, coupling=coupling)
         ids = self._prompt_ids(prompt)
         self._check(k, max_new_tokens, stop)
-        mode = self.mode if mode is None else mode
-        if mode not in DRAFTERS:
-            raise ConfigError(f"mode={mode!r} is unknown; choose one of {', '.join(DRAFTERS)}.")
+        mode = self.mode if mode is None else _checked_mode(mode)
         vocab = self.manifest.target.vocab_size
         if any(token >= vocab for token, _ in params.logit_bias):
             raise ConfigError(f"logit_bias: token id {max(logit_bias)} is outside the "
@@ -208,6 +204,12 @@ class Generator:
         if stop is not None and (isinstance(stop, str) or
                                  not all(isinstance(s, str) for s in stop)):
             raise ConfigError(f"stop={stop!r} must be a list of strings.")
+
+
+def _checked_mode(mode: str) -> Mode:
+    if mode not in DRAFTERS:
+        raise ConfigError(f"mode={mode!r} is unknown; choose one of {', '.join(DRAFTERS)}.")
+    return mode
 
 
 def _head_device(backend: str) -> str:
