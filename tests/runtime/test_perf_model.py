@@ -109,13 +109,31 @@ def test_adaptive_stops_drafting_when_the_draft_is_unsure():
 
 def test_round_times_follow_the_rounds_but_not_one_outlier():
     times = RoundTimes([1.0, 2.0])
-    times.observe(1, 100.0)                  # a preempted round moves it at most as if 2x
-    assert times.seconds == [1.0, pytest.approx(2.2)]
-    for _ in range(100):
+    times.observe(1, 100.0)                  # a preempted round counts as 25% over at most
+    assert times.seconds == pytest.approx([1.25 ** 0.1, 2.0 * 1.25 ** 0.15])
+    for _ in range(300):
         times.observe(1, 1.5)
     assert times.seconds[1] == pytest.approx(1.5, rel=1e-3)
     times.observe(5, 1.0)                    # past max_k (a bundle re-read elsewhere): ignored
     assert len(times.seconds) == 2
+
+
+def test_round_times_keep_the_shape_when_the_machine_drifts():
+    """A slow spell seen only through k = 8 rounds slows k = 4 alike (the ratio that decides
+    is kept), while a shape the loop measures apart from the calibration's is learnt."""
+    calibrated = [1.0 + 0.3 * k for k in range(9)]
+    times = RoundTimes(calibrated)
+    for _ in range(200):
+        times.observe(8, 1.5 * calibrated[8])            # the machine 1.5x slower
+    assert times.seconds[4] / times.seconds[8] == pytest.approx(calibrated[4] / calibrated[8],
+                                                                rel=0.02)
+    assert times.seconds[8] == pytest.approx(1.5 * calibrated[8], rel=1e-3)
+    for _ in range(400):                     # in the loop, 8 drafted cost what 4 do
+        times.observe(4, 1.5 * calibrated[4])
+        times.observe(8, 1.5 * calibrated[4])
+    # (calibrated 0.65; the pace wobbles a round's step, 2% at most, between 4 and 8)
+    assert times.seconds[8] / times.seconds[4] == pytest.approx(1.0, rel=0.03)
+    assert times.seconds[4] == pytest.approx(1.5 * calibrated[4], rel=0.03)
 
 
 def test_adaptive_drafts_on_where_the_rounds_show_more_tokens_cost_little():
