@@ -12,10 +12,13 @@ Runs are interleaved prompt by prompt (the order rotates). tok/s: median over pr
 tokens / wall time of the call, prefill included (GenAI: from append_tokens on; its fixed
 og.Generator construction is reported apart). decode: the runtime's own decode-phase rate.
 Greedy ids are checked against the peer's own target alone and Hugging Face's target alone.
---isolate measures each peer in a process of its own instead (they slow each other down).
+--isolate measures each peer in a process of its own instead (they slow each other down);
+with --rounds N the peers' processes take turns N times and their runs are pooled, so that
+the machine's drift between processes hits every peer alike (the ratio of each round is
+reported too).
 
-    python tools/peers.py --target T --draft D [--bundle B] [--threads 1,2] [--isolate]
-                          [--json out.json]
+    python tools/peers.py --target T --draft D [--bundle B] [--threads 1,2]
+                          [--isolate [--rounds N]] [--json out.json]
 """
 from __future__ import annotations
 
@@ -376,6 +379,11 @@ def format_table(report: dict) -> str:
         lines.append(f"threads {q['threads']}: ours {q['ours']} / {q['peer']} {q['peer_config']}"
                      f" = {q['ratio']:.2f}x (goal >= {q['goal']}x: "
                      f"{'met' if q['met'] else 'NOT met'}){extra}")
+        per_round = [r["ratio"] for rnd in report.get("ratios_per_round", []) for r in rnd
+                     if (r["threads"], r["peer"]) == (q["threads"], q["peer"])]
+        if per_round:
+            lines.append("  each round on its own: " + ", ".join(
+                "n/a" if x is None else f"{x:.2f}x" for x in per_round))
     if setup := [r["setup_ms"] for r in report["results"] if r["setup_ms"] is not None]:
         lines.append(f"GenAI og.Generator construction: median {statistics.median(setup):.1f} ms "
                      f"per request, outside its tok/s ('with its setup' counts it)")
@@ -414,6 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measure each peer in a process of its own, one after the other, and "
                         "report them together: peers sharing a process and cores slow each "
                         "other down (thread pools, caches), and not by the same amount")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="with --isolate: the peers' processes take turns this many times and "
+                        "their runs are pooled (drift between processes then hits each alike)")
     p.add_argument("--json", dest="json_out", help="write the report here")
     p.add_argument("--workdir", help="bundle and GenAI models (default: /tmp/ssd-peers/<pair>)")
     return p
@@ -431,8 +442,11 @@ def main(argv: list[str] | None = None) -> int:
     if bad := [p for p in genai_drafts if p not in ("fp32", "int8", "int4")]:
         raise SystemExit(f"--genai-draft {bad[0]}: choose fp32, int8 or int4.")
     skip = set(filter(None, args.skip.split(",")))
+    if args.rounds < 1 or (args.rounds > 1 and not args.isolate):
+        raise SystemExit(f"--rounds {args.rounds}: give a count of 1 or more, with --isolate.")
     if args.isolate:
-        return isolated(argv if argv is not None else sys.argv[1:], skip, args.json_out)
+        return isolated(argv if argv is not None else sys.argv[1:], skip, args.json_out,
+                        args.rounds)
     stamp = pair_stamp(target, draft)
     workdir = Path(args.workdir or f"/tmp/ssd-peers/{stamp}").resolve()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -482,42 +496,66 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def isolated(argv: list[str], skip: set[str], json_out: str | None) -> int:
-    """--isolate: this script once per peer, in a process of its own, then one report."""
+def isolated(argv: list[str], skip: set[str], json_out: str | None, rounds: int = 1) -> int:
+    """--isolate: this script once per peer and round, in a process of its own, the peers
+    taking turns; then one report of the pooled runs."""
     import subprocess
     import tempfile
 
     base = [a for a in argv if a != "--isolate"]
-    for flag in ("--skip", "--json"):                 # replaced per peer below
+    for flag in ("--skip", "--json", "--rounds"):     # replaced per peer below
         while flag in base:
             i = base.index(flag)
             del base[i:i + 2]
         base = [a for a in base if not a.startswith(flag + "=")]
     peers = [p for p in ("ours", "genai", "hf") if p not in skip]
-    merged: dict | None = None
+    assert peers, "every peer skipped"
+    reports: list[list[dict]] = []                    # per round: each peer's report
     with tempfile.TemporaryDirectory() as tmp:
-        for peer in peers:
-            out = Path(tmp) / f"{peer}.json"
-            others = ",".join(p for p in ("ours", "genai", "hf") if p != peer)
-            print(f"--- {peer}, in a process of its own", flush=True)
-            subprocess.run([sys.executable, __file__, *base, "--skip", others,
-                            "--json", str(out)], check=True, stdout=subprocess.DEVNULL)
-            report = json.loads(out.read_text())
-            if merged is None:
-                merged = report
-            else:
-                merged["results"] += report["results"]
-                merged["notes"] += report["notes"]
-                merged["bundle"] = merged["bundle"] or report["bundle"]
-                merged["genai_models"] = merged["genai_models"] or report["genai_models"]
-    assert merged is not None, "every peer skipped"
-    merged["isolated"] = True
+        for r in range(rounds):
+            reports.append([])
+            for peer in peers:
+                out = Path(tmp) / f"{peer}-{r}.json"
+                others = ",".join(p for p in ("ours", "genai", "hf") if p != peer)
+                print(f"--- {peer}, in a process of its own"
+                      + (f" (round {r + 1}/{rounds})" if rounds > 1 else ""), flush=True)
+                subprocess.run([sys.executable, __file__, *base, "--skip", others,
+                                "--json", str(out)], check=True, stdout=subprocess.DEVNULL)
+                reports[-1].append(json.loads(out.read_text()))
+    merged = dict(reports[0][0])
+    every = [rep for round_ in reports for rep in round_]
+    merged["bundle"] = next((rep["bundle"] for rep in every if rep["bundle"]), None)
+    merged["genai_models"] = next((rep["genai_models"] for rep in every if rep["genai_models"]),
+                                  {})
+    merged["notes"] = list(dict.fromkeys(n for rep in every for n in rep["notes"]))
+    merged["isolated"], merged["rounds"] = True, rounds
+    merged["results"] = _pooled([row for rep in every for row in rep["results"]])
     merged["ratios"] = [q for t in merged["threads"] for q in ratios(merged["results"], t)]
+    if rounds > 1:
+        merged["ratios_per_round"] = [
+            [q for t in merged["threads"]
+             for q in ratios([row for rep in round_ for row in rep["results"]], t)]
+            for round_ in reports]
     merged["results"] = _greedy_across(merged["results"])
     print(format_table(merged))
     if json_out:
         Path(json_out).write_text(json.dumps(merged, indent=2) + "\n")
     return 0
+
+
+def _pooled(rows: list[dict]) -> list[dict]:
+    """Rows of the same (threads, peer, config) from several processes, as one: their runs
+    pooled and summarised again (the order of first appearance kept)."""
+    variants: dict[tuple, Variant] = {}
+    for row in rows:
+        key = (row["threads"], row["peer"], row["config"])
+        v = variants.setdefault(key, Variant(row["peer"], row["config"], row["speculative"],
+                                             run=None))
+        v.error = v.error or row["error"]
+        v.samples += [Sample(**{k: x for k, x in run.items() if k != "new_tokens"})
+                      for run in row["runs"]]
+    return [row for t in dict.fromkeys(k[0] for k in variants)
+            for row in summarise(t, [v for k, v in variants.items() if k[0] == t])]
 
 
 def _greedy_across(rows: list[dict]) -> list[dict]:
