@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from ssd_runtime.bench import main, split_against_sequential
+from ssd_runtime.perf import expected_tokens
 
 
 def test_bench_report(bundle_factory, tmp_path, capsys):
@@ -31,7 +32,13 @@ def test_bench_report(bundle_factory, tmp_path, capsys):
         assert r["efficiency"] == pytest.approx(r["tokens_per_s"] / own / r["bound"])
         assert 0 <= r["host_share"] < 1
         if k == 2:
-            assert r["mean_k"] <= 2 and r["bound"] > 0
+            assert r["mean_k"] <= 2 and r["bound"] > 0 and r["bound_alpha"] == r["alpha"]
+        if k == "auto":         # the best fixed k's bound, at the α of the k=2 row beside it
+            cal, alpha = report["calibration"][threads], rows[(2, mode, threads)]["alpha"]
+            assert r["bound_alpha"] == alpha
+            assert r["bound"] == pytest.approx(max(
+                [1.0] + [expected_tokens(alpha, j) / (cal["c_first"] + (j - 1) * cal["c"] + v)
+                         for j, v in enumerate(cal["v"]) if j]))
     for cal in report["calibration"].values():
         assert cal["c"] > 0 and cal["c_first"] > 0 and cal["v"][0] == pytest.approx(1.0)
         low, high = cal["target_step_ms_range"]       # one calibration per prompt and repeat
