@@ -337,8 +337,11 @@ def plot(report: dict, path: str) -> None:
             groups.setdefault(f"{r['mode']} {r['threads']}", []).append(r)
     for label, rows in groups.items():
         ks = [r["k"] for r in rows]
-        ax.plot(ks, [r["speedup"] for r in rows], "o-", label=f"measured ({label})")
-        ax.plot(ks, [r["bound"] for r in rows], "--", label=f"bound ({label})")
+        line, = ax.plot(ks, [r["speedup"] for r in rows], "o-", label=f"measured ({label})")
+        # the bound is over k=0 at the same threads; drawn over the run's baseline, as measured
+        scale = [r["speedup"] / r["speedup_own_threads"] for r in rows]
+        ax.plot(ks, [r["bound"] * f for r, f in zip(rows, scale)], "--", color=line.get_color(),
+                label=f"bound ({label})")
     for r in report["results"]:
         if r["k"] == "auto" and r["speedup"]:
             ax.axhline(r["speedup"], color="grey", lw=0.8, ls=":")
