@@ -57,13 +57,18 @@ class CostModel:
         verify = [mid(m.verify[k] for m in models) for k in range(len(models[0].verify))]
         return cls(target_step=mid(m.target_step for m in models),
                    draft_step=mid(m.draft_step for m in models),
-                   verify=tuple(float(v) for v in np.maximum.accumulate(verify)),
+                   verify=_rising(verify),
                    draft_first=mid(m.c_first * m.target_step for m in models))
 
     def as_dict(self) -> dict:
         return {"target_step_ms": self.target_step * 1e3, "draft_step_ms": self.draft_step * 1e3,
                 "draft_first_ms": self.c_first * self.target_step * 1e3, "c": self.c,
                 "c_first": self.c_first, "v": [self.v(k) for k in range(len(self.verify))]}
+
+
+def _rising(verify: Sequence[float]) -> tuple[float, ...]:
+    """Verify times never decrease with k: a dip is measurement noise, smoothed away."""
+    return tuple(float(v) for v in np.maximum.accumulate(verify))
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -100,9 +105,7 @@ def calibrate(target: ModelSession, draft: ModelSession, max_draft: int, past_le
             target.forward(ids, past_len)
             if r:
                 verify_times[k].append(perf_counter() - t0)
-    verify = [float(np.median(t)) for t in verify_times]
-    # verify time never decreases with k: smooth measurement noise away
-    verify = tuple(float(v) for v in np.maximum.accumulate(verify))
+    verify = _rising([float(np.median(t)) for t in verify_times])
     first = float(np.median(first_times))
     later = float(np.median(draft_times)) if draft_times else first
     return CostModel(target_step=verify[0], draft_step=later, verify=verify, draft_first=first)

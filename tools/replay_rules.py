@@ -72,6 +72,11 @@ def record(gen, prompts: list[str], max_new_tokens: int, top_probability) -> lis
     return texts
 
 
+def _leading(matches: dict[int, bool], pos: int, n: int) -> int:
+    """How many of the n draft tokens from `pos` the target accepts: the leading matches."""
+    return next((i for i in range(n) if not matches[pos + i]), n)
+
+
 def replay(texts, seconds: list[float], schedule, passes: int) -> tuple[float, float]:
     """(tokens per second, mean drafted) of the last pass; earlier passes only teach."""
     for _ in range(passes):
@@ -85,7 +90,7 @@ def replay(texts, seconds: list[float], schedule, passes: int) -> tuple[float, f
                     d = step
                     if not schedule.keep_drafting(d, None, (0, tops[pos + d - 1])):
                         break
-                kept = next((i for i in range(d) if not matches[pos + i]), d)
+                kept = _leading(matches, pos, d)
                 schedule.observe(d, kept, seconds[d])
                 tokens, spent, pos = tokens + kept + 1, spent + seconds[d], pos + kept + 1
                 drafted.append(d)
@@ -99,7 +104,7 @@ def oracle(texts, seconds: list[float], max_k: int) -> float:
         pos = start
         while pos < end:
             room = min(max_k, end - pos - 1)
-            kept = next((i for i in range(room) if not matches[pos + i]), room)
+            kept = _leading(matches, pos, room)
             d = min(kept + 1, room)
             tokens, spent, pos = tokens + kept + 1, spent + seconds[d], pos + kept + 1
     return tokens / spent
