@@ -156,7 +156,8 @@ def add_engines(root: Path, precision: str, version_compatible: bool, force: boo
                           f"--graph standard --draft-quant none (or --engines trt) for TensorRT.")
     found = require_tensorrt("ssd-build-engines", "---> HINT: run it on the machine with the "
                              "NVIDIA GPU, with TensorRT installed (pip install 'ssd-toolkit[trt]',"
-                             " or JetPack's TensorRT and pip install cuda-python on Jetson).")
+                             " or JetPack 6.1+'s TensorRT and pip install 'cuda-python>=12.6,<13' on "
+                             "Jetson).")
     blocking = lint_bundle(root, manifest, say)
     if blocking:
         raise ConfigError(f"{blocking[0]}, which TensorRT 10 does not take ({len(blocking)} such "
@@ -212,9 +213,11 @@ def _build_one(trt, onnx_path: Path, entry: ModelEntry, profiles: tuple[Profile,
     for profile in profiles:
         shapes = builder.create_optimization_profile()
         for name, (low, opt, high) in profile.shapes(entry).items():
-            if shapes.set_shape(name, low, opt, high) is False:
+            try:   # TensorRT 10's binding raises where the C++ setDimensions returns false
+                shapes.set_shape(name, low, opt, high)
+            except RuntimeError as exc:
                 raise ConfigError(f"TensorRT refused the {profile.name} profile for {name!r}: "
-                                  f"min {low}, opt {opt}, max {high}.")
+                                  f"min {low}, opt {opt}, max {high} ({exc}).") from None
         if config.add_optimization_profile(shapes) < 0:
             raise ConfigError(f"TensorRT refused the {profile.name} optimisation profile of "
                               f"{onnx_path} ({profile.as_dict()}).")

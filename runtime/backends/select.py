@@ -13,8 +13,9 @@ from ..errors import BackendError
 from ..manifest import EngineEntry
 
 CUDA_PROVIDER = "CUDAExecutionProvider"
-TRT_HINT = ("pip install 'ssd-toolkit[trt]' (TensorRT 10 and cuda-python) on x86_64 or SBSA; "
-            "on Jetson use JetPack's TensorRT and pip install cuda-python")
+TRT_HINT = ("pip install 'ssd-toolkit[trt]' (TensorRT 10 and cuda-python 12) on x86_64; on "
+            "SBSA (Grace) also pip install 'tensorrt-cu12>=10,<11'; on Jetson use JetPack 6.1+'s "
+            "TensorRT and pip install 'cuda-python>=12.6,<13'")
 ORT_GPU_HINT = ("pip uninstall -y onnxruntime && pip install onnxruntime-gpu (one of the two, "
                 "never both)")
 

@@ -22,8 +22,9 @@ from .device import DeviceLogits
 from .ort import _DTYPES
 
 ALIGNMENT = 256       # bytes; IExecutionContext::setTensorAddress requires it
-CUDA_PYTHON_HINT = ("---> HINT: pip install cuda-python (its major version matching the "
-                    "driver's CUDA version that nvidia-smi shows)")
+CUDA_PYTHON_HINT = ("---> HINT: pip install 'cuda-python>=12.3,<13' (cuda-python 13 needs "
+                    "driver 580 or later; 12.x runs on any driver from 525 and beside "
+                    "tensorrt-cu12)")
 
 
 def in_place_kv(row_bytes: int) -> bool:
@@ -52,14 +53,30 @@ def probe_tensorrt() -> tuple[str | None, GpuInfo | None, str]:
         version = str(trt.__version__)
     except Exception as exc:       # ImportError, or a placeholder package that fails on import
         return None, None, f"TensorRT is not installed ({type(exc).__name__}: {exc})"
+    if problem := too_old(version):
+        return None, None, problem
     try:
         cudart = cuda_runtime()
         count = _call(cudart, cudart.cudaGetDeviceCount(), "cudaGetDeviceCount")
         if count < 1:
             return version, None, "no CUDA GPU is visible"
         return version, device_info(0), ""
-    except BackendError as exc:
-        return version, None, str(exc)
+    except BackendError as exc:    # e.g. cudaErrorInsufficientDriver: cuda-python too new
+        return version, None, f"{exc} {CUDA_PYTHON_HINT}"
+
+
+def too_old(version: str) -> str:
+    """Why this TensorRT cannot serve ("" when it can): the backend and the engine builder are
+    written against TensorRT 10 (name-based IO, execute_async_v3; under 8.x create_network(0)
+    makes an implicit-batch network that the ONNX parser refuses with an obscure error)."""
+    try:
+        major = int(version.split(".")[0])
+    except ValueError:
+        return ""
+    if major >= 10:
+        return ""
+    return (f"TensorRT {version} is installed, and the trt backend and ssd-build-engines need "
+            f"TensorRT 10 (JetPack 6.1 or later on Jetson)")
 
 
 def device_info(device: int = 0) -> GpuInfo:
@@ -271,7 +288,11 @@ class TrtSession:
         if context is None:
             raise BackendError(f"{self.name}: TensorRT could not create an execution context for "
                                f"{self.record.path} (out of device memory?).")
-        if not context.set_optimization_profile_async(index, int(self.stream)):
+        try:   # TensorRT 10's binding raises RuntimeError where the C++ call returns false
+            accepted = context.set_optimization_profile_async(index, int(self.stream))
+        except RuntimeError:
+            accepted = False
+        if not accepted:
             raise BackendError(f"{self.name}: TensorRT refused optimisation profile {index} of "
                                f"{self.record.path}.")
         return context

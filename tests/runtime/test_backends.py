@@ -18,7 +18,7 @@ from ssd_runtime.backends.device import DeviceLogits
 from ssd_runtime.backends.ort import OrtCpuSession
 from ssd_runtime.backends.ort_cuda import OrtCudaSession
 from ssd_runtime.backends.select import Facts, describe, plan
-from ssd_runtime.backends.trt import ALIGNMENT, in_place_kv
+from ssd_runtime.backends.trt import ALIGNMENT, in_place_kv, too_old
 from ssd_runtime.engines import GpuInfo, engine_profiles
 from ssd_runtime.errors import BackendError
 from ssd_runtime.heads import HeadSessions
@@ -80,6 +80,18 @@ def test_explicit_trt_refuses_another_tensorrt_version_naming_both():
     with pytest.raises(BackendError, match=r"backend 'trt' is not usable here: .*TensorRT "
                                            r"10\.8\.0.*this machine has .*TensorRT 10\.3\.0"):
         plan("trt", facts)
+
+
+def test_tensorrt_before_10_is_refused_by_name_and_auto_moves_on():
+    # TensorRT 8.x parses into an implicit-batch network and fails obscurely: say so up front
+    assert too_old("10.3.0") == too_old("10.13.2.6") == too_old("11.0") == ""
+    problem = too_old("8.6.2")
+    assert "TensorRT 8.6.2 is installed" in problem and "TensorRT 10" in problem
+    chosen = plan("auto", Facts(None, problem, H200, WITH_CUDA))
+    assert chosen.attempts == ("cuda", "cpu")
+    assert "TensorRT 8.6.2 is installed" in describe("cuda", chosen, [], "auto")
+    with pytest.raises(BackendError, match=r"TensorRT 8.6.2 is installed.*TensorRT 10"):
+        plan("trt", Facts(None, problem, H200))
 
 
 def test_explicit_trt_without_tensorrt_names_what_to_install():
