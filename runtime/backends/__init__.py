@@ -55,9 +55,11 @@ def open_backend(root: Path, manifest: Manifest, backend: str = "auto",
     for name in chosen_plan.attempts:
         try:
             target, draft = _OPENERS[name](root, manifest, placement, chosen_plan, mode)
-        except BackendError as exc:
+        except (BackendError, RuntimeError) as exc:   # RuntimeError: TensorRT's bindings raise it
             if backend != "auto" or name == chosen_plan.attempts[-1]:
-                raise
+                if isinstance(exc, BackendError):
+                    raise
+                raise BackendError(f"backend {name!r} did not open: {exc}") from exc
             failures.append(f"{name} did not open: {exc}")
             continue
         return Opened(target, draft, name, describe(name, chosen_plan, failures, backend))
