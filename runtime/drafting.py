@@ -82,12 +82,15 @@ class SplitDrafter(SequentialDrafter):
         return tokens[:m], probs[:m]
 
     def bet(self, drafts: list[int]) -> None:
-        if not drafts:
+        # guess the bonus token and the next round: k+1 more tokens after dk, which is fed at
+        # row draft_len; no further than the context's last row (a bet of one token, the bonus
+        # guess alone, would leave the next round nothing)
+        steps = min(len(drafts) + 1, self.draft.max_context - self.draft_len)
+        if not drafts or steps < 2:
             return
         self.stop.clear()
         self.bets += 1
-        # guess the bonus token and the next round: k+1 more tokens after dk
-        self.pending = self.pool.submit(self._draft, [drafts[-1]], len(drafts) + 1,
+        self.pending = self.pool.submit(self._draft, [drafts[-1]], steps,
                                         lambda *_: True, self.stop, tuple(drafts))
 
     def settle(self, target_len: int, accepted_all: bool, next_token: int) -> None:

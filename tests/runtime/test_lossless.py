@@ -100,12 +100,20 @@ def test_stop_at_eos(bundle_factory):
         assert res.token_ids == plain[:first + 1]
 
 
-def test_stop_at_max_context(bundle_factory, hf_reference):
-    gen = Generator.load(bundle_factory("llama", "llama_cut", max_context=48))
-    for k in (0, 4, 8):
-        res = gen.generate(prompt_ids(40), max_new_tokens=64, k=k)
-        assert res.stop_reason == "context"
-        assert res.token_ids == hf_reference["llama", 40][:8]
+@pytest.mark.parametrize("draft", ["llama_cut", "llama"])
+def test_stop_at_max_context(bundle_factory, hf_reference, draft):
+    """Both modes end at the context's last row; with the target as its own draft every split
+    bet is a hit, so the bets run up to the end of the context (they drafted past it once)."""
+    gen = Generator.load(bundle_factory("llama", draft, max_context=48))
+    for mode in ("sequential", "split"):
+        for k in (0, 4, 8, "auto"):
+            if mode == "split" and k == 0:
+                continue
+            res = gen.generate(prompt_ids(40), max_new_tokens=64, k=k, mode=mode)
+            assert res.stop_reason == "context", (mode, k)
+            assert res.token_ids == hf_reference["llama", 40][:8], (mode, k)
+        res = gen.generate(prompt_ids(7), max_new_tokens=64, k=3, mode=mode)
+        assert res.stop_reason == "context" and res.token_ids == hf_reference["llama", 7][:41], mode
 
 
 def test_stop_at_length_and_stats(bundle_factory):
