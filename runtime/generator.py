@@ -112,8 +112,10 @@ class Generator:
         if any(token >= vocab for token, _ in params.logit_bias):
             raise ConfigError(f"logit_bias: token id {max(logit_bias)} is outside the "
                               f"vocabulary [0, {vocab}).")
-        rule = make_rule(params, self.heads, ids, max(vocab, self.manifest.draft.vocab_size),
-                         self.eos_ids)
+        draft_vocab = self.manifest.draft.vocab_size
+        # the heads judge draft and target rows of one width: a padded pair decides on the host
+        rule = make_rule(params, self.heads if draft_vocab == vocab else None, ids,
+                         max(vocab, draft_vocab), self.eos_ids)
         eos = set() if ignore_eos else self.eos_ids
         # acceptance is learnt per kind of rule: the invariant one accepts a little less
         kind = "greedy" if params.greedy else "invariant" if params.invariant else "sampled"
@@ -138,7 +140,8 @@ class Generator:
                       threads=f"{self.target.threads}:{self.draft.threads}")
         text = TextStream(self.codec, list(stop or []))
         schedule = self._adaptive(kind, mode) if k == "auto" else FixedK(k)
-        drafter = DRAFTERS[mode](self.draft, rule, schedule)
+        drafter = DRAFTERS[mode](self.draft, rule, schedule,
+                                 (self.manifest.target.vocab_size, self.manifest.draft.vocab_size))
         rounds = decode(self.target, drafter, rule, ids, max_new_tokens, schedule, eos_ids,
                         stats)
         try:

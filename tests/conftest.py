@@ -68,6 +68,10 @@ def models(tmp_path_factory) -> dict[str, Path]:
         m[kind] = tiny.build_model(root / kind, kind, tok, seed=seed)
     # Falcon's other variants: ALiBi (16 heads: slopes that bfloat16 rounds) and the new
     # decoder architecture (grouped KV heads, two norms per layer)
+    # embeddings padded past the tokenizer (448 rows for 384 tokens), as Qwen2.5-7B's against
+    # its 0.5B draft's: the target may emit a padded id, a padded draft may propose one
+    m["llama_padded"] = tiny.build_model(root / "llama_padded", "llama", tok, seed=60,
+                                         vocab_size=448)
     m["falcon_alibi"] = tiny.build_model(root / "falcon_alibi", "falcon", tok, seed=13,
                                          **tiny.FALCON_ALIBI)
     m["falcon_new"] = tiny.build_model(root / "falcon_new", "falcon", tok, seed=14,

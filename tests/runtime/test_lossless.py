@@ -116,7 +116,36 @@ def test_stop_at_max_context(bundle_factory, hf_reference, draft):
         assert res.stop_reason == "context" and res.token_ids == hf_reference["llama", 7][:41], mode
 
 
-def test_stop_at_length_and_stats(bundle_factory):
+@pytest.mark.parametrize("target,draft", [("llama_padded", "llama_other"),
+                                          ("llama", "llama_padded")])
+def test_pair_with_a_padded_vocabulary(models, bundle_factory, target, draft):
+    """Target and draft embeddings of different widths (one padded past the tokenizer): the
+    output stays the target's, greedy and seeded, although the padded model's random rows
+    make it emit (or propose) ids the other model has no row for."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(models[target]).eval()
+    gen = Generator.load(bundle_factory(target, draft), threads=(1, 1))
+    padded = []
+    for n in (7, 40):
+        ids = torch.tensor([prompt_ids(n)])
+        expected = model.generate(ids, max_new_tokens=40, do_sample=False, pad_token_id=2,
+                                  attention_mask=torch.ones_like(ids))[0, n:].tolist()
+        padded += [t for t in expected if t >= 384]
+        for mode, k in [("sequential", 0), ("sequential", 2), ("sequential", 8),
+                        ("sequential", "auto"), ("split", 3)]:
+            res = gen.generate(prompt_ids(n), max_new_tokens=40, k=k, mode=mode)
+            assert res.token_ids == expected, (n, mode, k)
+        seeded = {k: gen.generate(prompt_ids(n), max_new_tokens=40, k=k, temperature=1.0,
+                                  seed=5).token_ids for k in (0, 3, "auto")}
+        assert seeded[3] == seeded[0] and seeded["auto"] == seeded[0], n
+        rejection = gen.generate(prompt_ids(n), max_new_tokens=40, k=3, temperature=1.0,
+                                 coupling="rejection")
+        assert len(rejection.token_ids) == 40 and max(rejection.token_ids) < 448
+    if target == "llama_padded":                 # the padded ids reached the draft
+        assert padded, "the padded target emitted no padded id: the test tests nothing"
+
     gen = Generator.load(bundle_factory("llama", "llama"))
     res = gen.generate(prompt_ids(7), max_new_tokens=10, k=4)
     assert res.stop_reason == "length" and len(res.token_ids) == 10
