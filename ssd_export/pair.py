@@ -53,11 +53,11 @@ def added_ids(tokenizer: Any) -> tuple[list[int], list[int]]:
     return list(prefix), list(suffix)
 
 
-def eos_ids(model: Any, tokenizer: Any) -> list[int]:
-    """End-of-sequence ids as Hugging Face generate() uses them."""
+def eos_ids(model: Any) -> list[int]:
+    """End-of-sequence ids as Hugging Face generate() uses them: the generation_config's (which
+    takes the model config's), never the tokenizer's. A model that sets none is decoded to
+    max_new_tokens, as generate() does, even past the tokenizer's eos token."""
     eos = getattr(model.generation_config, "eos_token_id", None)
-    if eos is None:
-        eos = tokenizer.eos_token_id
     if eos is None:
         return []
     return sorted({int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])})

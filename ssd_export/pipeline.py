@@ -60,6 +60,13 @@ def export_bundle(config: ExportConfig) -> Manifest:
         if unapplied:
             log.print(f"    note: the target's generation_config sets {', '.join(unapplied)}, "
                       f"which the runtime does not apply (its defaults: {generation or 'greedy'})")
+        eos = eos_ids(target.model)
+        if not eos and target.tokenizer.eos_token_id is not None:
+            log.print(f"    note: the target's config and generation_config set no eos_token_id, "
+                      f"so generation runs to max_new_tokens as Hugging Face's generate() does, "
+                      f"past the tokenizer's eos {target.tokenizer.eos_token!r} "
+                      f"(id {target.tokenizer.eos_token_id}); set eos_token_id in "
+                      f"generation_config.json to stop there")
     with staging(config.output, config.force) as root:
         traced, parity = {}, {}
         for loaded in (target, draft):
@@ -80,7 +87,7 @@ def export_bundle(config: ExportConfig) -> Manifest:
                           quant_agreement=agreement),
             tokenizer=TokenizerEntry(
                 path="tokenizer/tokenizer.json", prefix_ids=prefix, suffix_ids=suffix,
-                eos_token_ids=eos_ids(target.model, target.tokenizer),
+                eos_token_ids=eos,
                 bos_token_id=target.tokenizer.bos_token_id,
                 pad_token_id=target.tokenizer.pad_token_id,
                 chat_template=getattr(target.tokenizer, "chat_template", None)),

@@ -49,6 +49,39 @@ def test_greedy_model_default_repetition_penalty_equals_plain_generate(models, t
         assert gen.generate(PROMPT, max_new_tokens=40, k=k).token_ids == hf[:40]
 
 
+def test_a_model_without_eos_runs_past_the_tokenizers_eos_as_generate_does(models, tmp_path,
+                                                                           capsys):
+    """No eos_token_id in config.json or generation_config.json: generate() never stops at the
+    tokenizer's </s>, so neither does the bundle (it used to fall back to the tokenizer's)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ssd_export import ExportConfig, export_bundle
+
+    target = tmp_path / "noeos-target"
+    model = AutoModelForCausalLM.from_pretrained(models["llama"]).eval()
+    model.config.eos_token_id = model.generation_config.eos_token_id = None
+    ids = torch.tensor([PROMPT])
+    plain = model.generate(ids, max_new_tokens=12, attention_mask=torch.ones_like(ids),
+                           pad_token_id=2)[0, len(PROMPT):].tolist()
+    with torch.no_grad():               # </s> (1) becomes the argmax where the 6th token was
+        model.lm_head.weight[1] = model.lm_head.weight[plain[5]] * 1.05
+    model.save_pretrained(target)
+    shutil.copy(models["llama"] / "tokenizer.json", target)
+    shutil.copy(models["llama"] / "tokenizer_config.json", target)
+    hf = model.generate(ids, max_new_tokens=20, attention_mask=torch.ones_like(ids),
+                        pad_token_id=2)[0, len(PROMPT):].tolist()
+    assert 1 in hf[:-1], "</s> must come before the end, or the test shows nothing"
+    out = tmp_path / "noeos"
+    export_bundle(ExportConfig(target=str(target), draft=str(models["llama_cut"]), output=out))
+    assert "set no eos_token_id" in capsys.readouterr().err
+    gen = Generator.load(out)
+    assert gen.manifest.tokenizer.eos_token_ids == []
+    for k in (0, 4, "auto"):
+        res = gen.generate(PROMPT, max_new_tokens=20, k=k)
+        assert res.token_ids == hf and res.stop_reason == "length", k
+
+
 def test_sampling_model_defaults_and_what_overrides_them(models, tmp_path, capsys):
     from ssd_export import ExportConfig, export_bundle
 
