@@ -199,9 +199,11 @@ class Generator:
         if k == "auto":
             pass
         elif not isinstance(k, int) or isinstance(k, bool) or k < 0 or k > self.manifest.max_draft:
+            above = isinstance(k, int) and not isinstance(k, bool) and k > 0
             raise ConfigError(f"k={k!r} is outside [0, {self.manifest.max_draft}], the bundle's "
-                              f"max_draft, and is not 'auto'. ---> HINT: use k='auto' or a "
-                              f"smaller k, or re-export with ssd-export --max-draft {k}.")
+                              f"max_draft, and is not 'auto'. ---> HINT: use k='auto' or a k "
+                              f"in that range" + (f", or re-export with ssd-export --max-draft "
+                                                  f"{k}." if above else "."))
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be a positive integer.")
         if stop is not None and (isinstance(stop, str) or

@@ -146,6 +146,12 @@ class Manifest:
             if entry.moe not in contract.MOES:
                 raise BundleError(f"{where}: models.{role}.moe is {entry.moe!r}, expected one "
                                   f"of {list(contract.MOES)}. {_HINT}")
+        if manifest.max_draft < 1 or manifest.max_context < manifest.max_draft + 2:
+            raise BundleError(f"{where}: max_context {manifest.max_context} leaves no room for a "
+                              f"prompt token and a verification of max_draft + 1 = "
+                              f"{manifest.max_draft + 1} tokens. ---> HINT: re-export with "
+                              f"--max-context of at least {manifest.max_draft + 2} or a smaller "
+                              f"--max-draft.")
         return manifest
 
 

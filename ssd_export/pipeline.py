@@ -34,6 +34,12 @@ def export_bundle(config: ExportConfig) -> Manifest:
     check_output(config.output, config.force)
     if not 1 <= config.max_draft <= 64:
         raise ConfigError(f"--max-draft {config.max_draft} must be between 1 and 64.")
+    if config.max_context is not None and config.max_context < _least_context(config):
+        raise ConfigError(f"--max-context {config.max_context} is too small: at least "
+                          f"{_least_context(config)} (16, and max_draft + 2 = "
+                          f"{config.max_draft + 2} for a prompt token and a verification of "
+                          f"max_draft + 1 tokens). ---> HINT: raise --max-context or lower "
+                          f"--max-draft.")
     check_architecture(config.target, "target")
     check_architecture(config.draft, "draft")
     if config.engines == "trt":          # fail before any work, and write nothing
@@ -155,15 +161,26 @@ def _quiet_transformers() -> None:
     logging.disable_progress_bar()
 
 
+MIN_CONTEXT = 16
+
+
+def _least_context(config: ExportConfig) -> int:
+    """A prompt token and a verification of max_draft + 1 tokens; and tracing takes example
+    sizes of up to 10 rows (graphs/trace.py), so 16 at the least."""
+    return max(MIN_CONTEXT, config.max_draft + 2)
+
+
 def _max_context(config: ExportConfig, *models: LoadedModel) -> int:
     # MPT names its limit max_seq_len (its ALiBi table in Hugging Face ends there)
     limits = {m.role: int(getattr(m.model.config, "max_position_embeddings", 0)
                           or getattr(m.model.config, "max_seq_len", 0) or 0) for m in models}
     model_limit = min((v for v in limits.values() if v > 0), default=DEFAULT_MAX_CONTEXT)
     if config.max_context is None:
+        if model_limit < _least_context(config):
+            raise ConfigError(f"the models' limit (max_position_embeddings: {limits}) is below "
+                              f"the least context a bundle needs, {_least_context(config)} "
+                              f"(16, and max_draft + 2). ---> HINT: lower --max-draft.")
         return min(DEFAULT_MAX_CONTEXT, model_limit)
-    if config.max_context < 2:
-        raise ConfigError(f"--max-context {config.max_context} must be at least 2.")
     if config.max_context > model_limit:
         raise ConfigError(f"--max-context {config.max_context} exceeds the models' limit "
                           f"(max_position_embeddings: {limits}); use at most {model_limit}.")

@@ -125,6 +125,17 @@ def test_max_context_above_model_limit(models, out):
     assert_nothing_written(out)
 
 
+def test_max_context_too_small_for_a_round(models, out):
+    """Too small to trace, or to hold a prompt token and a verification of max_draft + 1."""
+    proc = export_cli(models["llama"], models["llama_cut"], out, "--max-context", "4")
+    assert_clean_error(proc, "ssd-export", r"--max-context 4 is too small: at least 16")
+    with pytest.raises(ConfigError, match=r"--max-context 20 is too small: at least 26.*"
+                                          r"lower --max-draft"):
+        export_bundle(ExportConfig(target=str(models["llama"]), draft=str(models["llama_cut"]),
+                                   output=out, max_context=20, max_draft=24, quiet=True))
+    assert_nothing_written(out)
+
+
 def test_max_context_above_mpt_max_seq_len(models, out):
     """MPT's limit is max_seq_len (256 here): Hugging Face's ALiBi table ends there."""
     with pytest.raises(ConfigError, match=r"--max-context 512 exceeds the models' limit.*256"):
@@ -217,6 +228,17 @@ def test_an_unknown_model_field_value_is_refused_and_an_older_schema_reads_the_d
 def test_k_above_max_draft(bundle_copy):
     proc = run("ssd_runtime.cli", bundle_copy, "--prompt", "x", "--k", "9")
     assert_clean_error(proc, "ssd-run", r"k=9 is outside \[0, 8\].*--max-draft 9")
+    proc = run("ssd_runtime.cli", bundle_copy, "--prompt", "x", "--k", "-1")
+    assert_clean_error(proc, "ssd-run", r"k=-1 is outside \[0, 8\].*in that range\.$")
+
+
+def test_a_context_that_cannot_hold_a_round_is_refused(bundle_copy):
+    path = bundle_copy / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["max_context"] = 9                    # max_draft 8: no room for a prompt token
+    path.write_text(json.dumps(manifest))
+    proc = run("ssd_runtime.cli", bundle_copy, "--prompt", "x")
+    assert_clean_error(proc, "ssd-run", r"max_context 9 leaves no room .* at least 10")
 
 
 def test_missing_bundle(tmp_path):
