@@ -166,8 +166,11 @@ class Decoder(nn.Module):
                               f"(ONNX Runtime's GroupQueryAttention refuses others at run time); "
                               f"this model's is {self.heads.head_dim}. ---> HINT: export with "
                               f"--graph standard.")
+        # the kernel rotates only heads of a multiple of 16 ("head_size shall be a multiple of
+        # 16" at run time, for head size 24): other sizes keep RoPE in the graph
         self.ort_rotary = (len(self.ropes) > 0 and a.q_norm is None
-                           and a.q_position_scale is None and all(
+                           and a.q_position_scale is None and self.heads.head_dim % 16 == 0
+                           and all(
             r.rotary_dim == self.heads.head_dim and not r.interleaved for r in self.ropes.values()))
         self.ort_caches: dict[str, tuple[str, str]] = {}    # rope key -> buffer names
         for key, rope in (self.ropes.items() if self.ort_rotary else ()):

@@ -61,6 +61,8 @@ VARIANTS = {
         64),
     "phi3_partial_rotary": ("phi3", {"partial_rotary_factor": 0.5}, MAX_CONTEXT),
     "llama_tied": ("llama", {"tie_word_embeddings": True}, MAX_CONTEXT),
+    # heads of 24: GroupQueryAttention rotates only multiples of 16, so RoPE stays in the graph
+    "llama_head_24": ("llama", {"head_dim": 24}, MAX_CONTEXT),
     "gpt2_layer_scaled": ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, MAX_CONTEXT),
     "gpt_neox_sequential": ("gpt_neox", {"use_parallel_residual": False, "rotary_pct": 0.5},
                             MAX_CONTEXT),
