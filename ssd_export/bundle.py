@@ -22,16 +22,30 @@ def check_output(output: Path, force: bool) -> None:
     if output.exists() and not output.is_dir():
         raise ConfigError(f"output {output} exists and is not a folder; remove it or choose "
                           f"another --output.")
+    parent = output.absolute().parent           # the nearest folder that exists above it
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"output {output} cannot be created: {parent} is a file, not a "
+                          f"folder. ---> HINT: choose another --output.")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"output {output} cannot be created: {parent} is not writable. "
+                          f"---> HINT: choose another --output.")
 
 
 @contextmanager
 def staging(output: Path, force: bool) -> Iterator[Path]:
     """Yield a temporary folder; on success it replaces `output`, on failure it vanishes."""
     check_output(output, force)
-    output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.parent / f".{output.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as exc:
+        raise ConfigError(f"output {output} cannot be created: {exc.strerror or exc} "
+                          f"({exc.filename or output.parent}). ---> HINT: choose another "
+                          f"--output.") from None
     try:
         yield tmp
         old = output.parent / f".{output.name}.old-{os.getpid()}"

@@ -48,16 +48,21 @@ def load_model(source: str, role: str, dtype: str) -> LoadedModel:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    # Anything a model folder can break with (a truncated safetensors file: SafetensorError;
+    # a corrupt tokenizer.json: KeyError, Exception from the tokenizers library) is the
+    # folder's problem, named in one line.
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=getattr(torch, dtype), attn_implementation="eager")
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{role} model {source!r} failed to load: {_first_line(exc)}") from None
+    except Exception as exc:
+        raise ConfigError(f"{role} model {source!r} failed to load: {_described(exc)}. ---> "
+                          f"HINT: check that its weight files are complete (an interrupted "
+                          f"download or copy leaves them short).") from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:
         raise ConfigError(f"{role} model {source!r} has no usable tokenizer: "
-                          f"{_first_line(exc)}") from None
+                          f"{_described(exc)}") from None
     if not getattr(tokenizer, "is_fast", False):
         raise ConfigError(f"{role} tokenizer of {source!r} is not a fast tokenizer (no "
                           f"tokenizer.json); the runtime needs one. ---> HINT: save it with "
@@ -81,3 +86,10 @@ def _check_exists(source: str, role: str) -> None:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def _described(exc: Exception) -> str:
+    """OSError and ValueError say what they are; others get their type's name (KeyError's
+    text alone is just the missing key)."""
+    line = _first_line(exc)
+    return line if isinstance(exc, (OSError, ValueError)) else f"{type(exc).__name__}: {line}"

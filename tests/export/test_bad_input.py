@@ -57,6 +57,31 @@ def test_missing_model_folder(models, out):
     assert_nothing_written(out)
 
 
+def test_an_output_under_a_file_is_one_line(models, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    proc = export_cli(models["llama"], models["llama_cut"], blocker / "bundle")
+    assert_clean_error(proc, "ssd-export", r"cannot be created: .*file is a file, not a folder")
+
+
+@pytest.mark.parametrize("damage", ["truncated weights", "corrupt tokenizer.json"])
+def test_a_damaged_model_folder_is_one_line(models, out, tmp_path, damage):
+    """An interrupted download or copy: the folder's problem, named, never a traceback."""
+    folder = tmp_path / "draft"
+    shutil.copytree(models["llama_cut"], folder)
+    if damage == "truncated weights":
+        weights = folder / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:weights.stat().st_size // 2])
+        pattern = r"draft model .* failed to load: .*weight files are complete"
+    else:
+        (folder / "tokenizer.json").write_text("{}")
+        pattern = r"draft model .* has no usable tokenizer"
+    with pytest.raises(ConfigError, match=pattern):
+        export_bundle(ExportConfig(target=str(models["llama"]), draft=str(folder), output=out,
+                                   quiet=True))
+    assert_nothing_written(out)
+
+
 def test_not_a_causal_lm(models, out, tmp_path):
     from transformers import BertConfig
 
