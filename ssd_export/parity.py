@@ -49,7 +49,10 @@ def check_parity(model: Any, onnx_path: Path, role: str, max_draft: int, dtype: 
                           + ("export with --dtype float32." if dtype != "float32" else
                              "check the checkpoint's weights."))
     ref_kv = _hf_cache(out["cache"] if "cache" in out else out.get("past_key_values"), total)
-    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4      # a failing run raises, and is reported (or, under --graph
+    #                                  auto, falls back to standard) without ORT's own log lines
+    session = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
     n_layers = _layers(session)
     worst: dict[str, float] = {"logits": 0.0, "new_key": 0.0, "new_value": 0.0}
     abs_tol, rel_tol = _TOLERANCE[dtype]
