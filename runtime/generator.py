@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Literal, Sequence
@@ -54,6 +55,7 @@ class Generator:
         self._cost: CostModel | None = None
         self._learnt: dict[str, Acceptance] = {}     # k="auto": what earlier calls saw
         self._times: dict[str, RoundTimes] = {}      # ... and how long their rounds took, by mode
+        self._busy = threading.Lock()                # held while a sequence decodes
 
     @classmethod
     def load(cls, bundle: str | Path, backend: str = "auto", threads: Threads = None,
@@ -133,7 +135,22 @@ class Generator:
                 "top_p": g.get("top_p", 1.0) if sample else 1.0,
                 "repetition_penalty": g.get("repetition_penalty", 1.0)}
 
-    def _pieces(self, ids: list[int], rule, eos_ids: set[int], max_new_tokens: int,
+    def _pieces(self, *args) -> Iterator[str]:
+        """One sequence at a time: both models keep one KV cache (batch 1), so a second stream
+        decoding beside the first (interleaved, or from another thread) would overwrite its
+        rows and give wrong tokens. Taken when decoding starts, freed when the stream ends or
+        is closed (ssd-serve queues its requests, one at a time)."""
+        if not self._busy.acquire(blocking=False):
+            raise ConfigError("this Generator is already decoding another sequence (one KV cache "
+                              "per model: one sequence at a time). ---> HINT: finish or close() "
+                              "the other stream first, or load a second Generator for "
+                              "concurrent sequences (ssd-serve queues requests for you).")
+        try:
+            yield from self._decode(*args)
+        finally:
+            self._busy.release()
+
+    def _decode(self, ids: list[int], rule, eos_ids: set[int], max_new_tokens: int,
                 k: int | str, stop: Sequence[str] | None, mode: Mode,
                 kind: str) -> Iterator[str]:
         stats = Stats(backend=self.backend, k=k, prompt_tokens=len(ids), mode=mode,

@@ -141,11 +141,51 @@ def test_pair_with_a_padded_vocabulary(models, bundle_factory, target, draft):
                                   seed=5).token_ids for k in (0, 3, "auto")}
         assert seeded[3] == seeded[0] and seeded["auto"] == seeded[0], n
         rejection = gen.generate(prompt_ids(n), max_new_tokens=40, k=3, temperature=1.0,
-                                 coupling="rejection")
-        assert len(rejection.token_ids) == 40 and max(rejection.token_ids) < 448
+                                 seed=5, coupling="rejection", ignore_eos=True)
+        vocab = model.config.vocab_size            # (unseeded, EOS could end it early)
+        assert len(rejection.token_ids) == 40 and max(rejection.token_ids) < vocab
     if target == "llama_padded":                 # the padded ids reached the draft
         assert padded, "the padded target emitted no padded id: the test tests nothing"
 
+
+def test_one_sequence_at_a_time(bundle_factory):
+    """One KV cache per model: a second sequence beside a live one is refused by name (it
+    used to overwrite the first's rows: wrong tokens, or ORT's shape errors from threads)."""
+    import threading
+
+    from ssd_runtime import ConfigError
+
+    gen = Generator.load(bundle_factory("llama", "llama_cut"), threads=(1, 1))
+    solo = {n: gen.generate(prompt_ids(n), max_new_tokens=20, k=3).token_ids for n in (7, 40)}
+    first = gen.stream(prompt_ids(7), max_new_tokens=20, k=3)
+    next(first)
+    second = gen.stream(prompt_ids(40), max_new_tokens=20, k=3)
+    with pytest.raises(ConfigError, match=r"already decoding another sequence"):
+        next(second)
+    for _ in first:
+        pass
+    assert gen.last_result.token_ids == solo[7]
+    closed = gen.stream(prompt_ids(40), max_new_tokens=20, k=3)
+    next(closed)
+    closed.close()                                  # a stream closed early frees the generator
+    assert gen.generate(prompt_ids(40), max_new_tokens=20, k=3).token_ids == solo[40]
+    out: dict[int, object] = {}
+
+    def run(n: int) -> None:
+        try:
+            out[n] = gen.generate(prompt_ids(n), max_new_tokens=20, k=3).token_ids
+        except ConfigError as exc:
+            out[n] = exc
+    for _ in range(3):
+        threads = [threading.Thread(target=run, args=(n,)) for n in (7, 40)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert all(out[n] == solo[n] or isinstance(out[n], ConfigError) for n in (7, 40)), out
+
+
+def test_stop_at_length_and_stats(bundle_factory):
     gen = Generator.load(bundle_factory("llama", "llama"))
     res = gen.generate(prompt_ids(7), max_new_tokens=10, k=4)
     assert res.stop_reason == "length" and len(res.token_ids) == 10
