@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .errors import ConfigError
 from .manifest import TokenizerEntry
 
 
@@ -19,8 +20,21 @@ class TextCodec:
         self.tokenizer = Tokenizer.from_file(str(root / entry.path))
 
     def encode(self, text: str) -> list[int]:
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
-        return [*self.entry.prefix_ids, *ids, *self.entry.suffix_ids]
+        """Ids as the Hugging Face tokenizer gives them, its added ids (BOS...) included."""
+        return [*self.entry.prefix_ids, *self.tokens(text), *self.entry.suffix_ids]
+
+    def tokens(self, text: str) -> list[int]:
+        """The text's own ids, nothing added; text that is not valid Unicode (a lone
+        surrogate, from bytes decoded with surrogateescape or a bad "\\ud800" escape) is a
+        ConfigError naming where, not the tokenizer's TypeError."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ConfigError(f"the text is not valid Unicode: {exc.reason} at character "
+                              f"{exc.start} ({text[exc.start]!r}). ---> HINT: pass UTF-8 text; "
+                              f"a lone surrogate usually comes from bytes decoded wrongly.") \
+                from None
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)

@@ -52,7 +52,10 @@ class Server:
                         self.generator.defaults(openai=True))
 
     def prompt_ids(self, prompt: str | list[int], param: str) -> list[int]:
-        ids = self.generator.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        try:
+            ids = self.generator.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        except SsdError as exc:                  # text that is not valid Unicode
+            raise ApiError(400, str(exc), param) from None
         if len(ids) > self.max_context:
             raise ApiError(400, f"the prompt has {len(ids)} tokens, more than this model's context "
                                 f"of {self.max_context} tokens. ---> HINT: shorten the prompt.",
@@ -148,7 +151,7 @@ def create_app(config: ServeConfig, generator: Generator | None = None,
     _add_routes(app, server)
     _add_error_handlers(app)
     app.add_middleware(_ServerMiddleware, server=server)
-    log.info("serving %s (%s backend, k=%d) from %s", server.model, generator.backend, server.k,
+    log.info("serving %s (%s backend, k=%s) from %s", server.model, generator.backend, server.k,
              config.bundle)
     return app
 

@@ -42,8 +42,10 @@ class ChatTemplate:
         except TemplateError as exc:
             raise ApiError(400, f"the chat template refused these messages: {exc}",
                            "messages") from None
-        codec = self.generator.codec
-        return codec.tokenizer.encode(text, add_special_tokens=False).ids
+        try:
+            return self.generator.codec.tokens(text)
+        except ConfigError as exc:
+            raise ApiError(400, f"messages: {exc}", "messages") from None
 
 
 def _compile(source: str) -> Any:

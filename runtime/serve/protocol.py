@@ -209,7 +209,7 @@ def _logit_bias(raw: dict[str, float]) -> dict[int, float]:
     """OpenAI's {"token id": bias} -> {id: bias}; the generator checks ids against the vocab."""
     out = {}
     for key, bias in raw.items():
-        if not key.isdigit():
+        if not (key.isascii() and key.isdigit()):     # "²" and "١" are digits to isdigit()
             raise ApiError(400, f"logit_bias: key {key!r} must be a token id (digits).",
                            "logit_bias")
         if not -100 <= bias <= 100:

@@ -214,6 +214,15 @@ BAD = [  # (path, body, status, message fragment, param)
      "repetition_penalty=0.0 must be > 0", "repetition_penalty"),
     ("/v1/completions", {"model": "tiny", "prompt": "x", "logit_bias": {"x1": 1}}, 400,
      "logit_bias: key 'x1' must be a token id", "logit_bias"),
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "logit_bias": {"\u00b2": 1}}, 400,
+     "logit_bias: key '\u00b2' must be a token id", "logit_bias"),       # isdigit() says yes
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "logit_bias": {"\u0661": 1}}, 400,
+     "logit_bias: key '\u0661' must be a token id", "logit_bias"),       # an Arabic-Indic 1
+    ("/v1/completions", {"model": "tiny", "prompt": "a\ud800b"}, 400,
+     "not valid Unicode: surrogates not allowed at character 1", "prompt"),
+    ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user",
+                                                             "content": "a\ud800b"}]}, 400,
+     "not valid Unicode", "messages"),
     ("/v1/completions", {"model": "tiny", "prompt": "x", "logit_bias": {"7": -101}}, 400,
      "logit_bias[7]=-101.0 must be in [-100, 100]", "logit_bias"),
     ("/v1/completions", {"model": "tiny", "prompt": "x", "logit_bias": {"99999": 1}}, 400,

@@ -42,3 +42,15 @@ def test_pieces_are_the_text_cut_at_the_first_stop(codec):
         assert stream.stopped == bool(cuts)
         if cuts:
             assert codec.decode(stream.ids) == want[:len(codec.decode(stream.ids))]
+
+
+def test_text_that_is_not_unicode_is_a_config_error(codec):
+    """A lone surrogate (bytes decoded with surrogateescape, as a shell's invalid UTF-8
+    reaches sys.argv): named, not the tokenizer's TypeError."""
+    from ssd_runtime import ConfigError
+
+    for text in ("a\ud800b", "ab\udcffcd"):
+        with pytest.raises(ConfigError, match=r"not valid Unicode: surrogates not allowed at "
+                                              r"character \d"):
+            codec.encode(text)
+    assert codec.encode("a\u00e9b") == codec.encode("aéb")
