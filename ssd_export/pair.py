@@ -63,6 +63,21 @@ def eos_ids(model: Any) -> list[int]:
     return sorted({int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])})
 
 
+def chat_template(tokenizer: Any) -> tuple[str | None, str]:
+    """The chat template apply_chat_template() renders without tools, and a note when the
+    tokenizer has several named ones (a dict: "default", "tool_use", ...) and one was chosen."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(template, dict):
+        return template, ""
+    names = ", ".join(sorted(template))
+    if "default" in template:
+        return template["default"], (f"the tokenizer has named chat templates ({names}); the "
+                                     f"bundle carries 'default', which apply_chat_template() "
+                                     f"uses without tools")
+    return None, (f"the tokenizer has named chat templates ({names}) and no 'default'; the bundle "
+                  f"carries none, so ssd-serve's /v1/chat/completions will answer 400")
+
+
 # what the runtime applies by default, as generate() would; and what it cannot apply
 DEFAULT_FIELDS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty")
 UNAPPLIED = {"num_beams": 1, "min_p": None, "typical_p": 1.0, "no_repeat_ngram_size": 0,

@@ -22,7 +22,7 @@ from .bundle import check_output, finish_manifest, staging
 from .config import DEFAULT_MAX_CONTEXT, ExportConfig
 from .engines import export_engines, require_tensorrt
 from .loading import LoadedModel, check_architecture, load_model
-from .pair import added_ids, check_vocabularies, eos_ids, generation_defaults
+from .pair import added_ids, chat_template, check_vocabularies, eos_ids, generation_defaults
 from .parity import check_parity
 from .quantize import BITS, check_request, quantize_draft
 
@@ -66,6 +66,9 @@ def export_bundle(config: ExportConfig) -> Manifest:
         if unapplied:
             log.print(f"    note: the target's generation_config sets {', '.join(unapplied)}, "
                       f"which the runtime does not apply (its defaults: {generation or 'greedy'})")
+        template, note = chat_template(target.tokenizer)
+        if note:
+            log.print(f"    note: {note}")
         eos = eos_ids(target.model)
         if not eos and target.tokenizer.eos_token_id is not None:
             log.print(f"    note: the target's config and generation_config set no eos_token_id, "
@@ -96,7 +99,7 @@ def export_bundle(config: ExportConfig) -> Manifest:
                 eos_token_ids=eos,
                 bos_token_id=target.tokenizer.bos_token_id,
                 pad_token_id=target.tokenizer.pad_token_id,
-                chat_template=getattr(target.tokenizer, "chat_template", None)),
+                chat_template=template),
             heads=heads, build=_build_info(config), generation=generation,
         )
         engines = export_engines(root, manifest, config.engines, config.engine_precision, log,

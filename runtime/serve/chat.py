@@ -8,6 +8,7 @@ the result is tokenized without adding special tokens again.
 from __future__ import annotations
 
 import json
+import logging
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,8 @@ from .protocol import ApiError
 if TYPE_CHECKING:
     from ..generator import Generator
 
+log = logging.getLogger("ssd_runtime.serve")
+
 
 class ChatTemplate:
     """The bundle's `tokenizer.chat_template`, compiled once; None when the bundle has none."""
@@ -24,10 +27,20 @@ class ChatTemplate:
     def __init__(self, generator: Generator) -> None:
         self.generator = generator
         source = generator.manifest.tokenizer.chat_template
-        self.template = _compile(source) if source else None
+        if isinstance(source, dict):      # named templates, from a bundle of before the export
+            source = source.get("default")    # chose one: apply_chat_template's without tools
+        self.template, self.problem = None, ""
+        try:
+            self.template = _compile(source) if source else None
+        except ConfigError as exc:       # completions still serve; chat says why it cannot
+            self.problem = str(exc)
+            log.warning("%s /v1/chat/completions will answer 400.", exc)
         self.special_tokens = _special_tokens(generator)
 
     def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        if self.problem:
+            raise ApiError(400, f"this model's chat template cannot be used: {self.problem}",
+                           "messages", "chat_template_error")
         if self.template is None:
             raise ApiError(400, "this model has no chat template (the bundle's manifest has no "
                                 "tokenizer.chat_template), so /v1/chat/completions cannot build a "
@@ -50,7 +63,8 @@ class ChatTemplate:
 
 def _compile(source: str) -> Any:
     import jinja2
-    from jinja2.ext import loopcontrols
+    from jinja2 import nodes
+    from jinja2.ext import Extension, loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message: str) -> None:
@@ -61,8 +75,19 @@ def _compile(source: str) -> Any:
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                           sort_keys=sort_keys)
 
+    class Generation(Extension):
+        """{% generation %}...{% endgeneration %} marks the assistant's part for training
+        masks (Hugging Face's AssistantTracker); rendering a prompt, it is its body as is."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.Scope(body, lineno=lineno)
+
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[loopcontrols])
+                                        extensions=[loopcontrols, Generation])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)

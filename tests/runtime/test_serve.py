@@ -287,6 +287,46 @@ def test_no_chat_template_is_a_clear_400(bundle_factory):
                                                   "max_tokens": 2}).status_code == 200
 
 
+GENERATION_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n"
+    "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}{% endgeneration %}"
+    "{% else %}{{ m['content'] }}{% endif %}{{ eos_token }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+
+
+def test_chat_templates_hugging_face_renders(bundle_factory, tmp_path):
+    """A {% generation %} block (training masks, as SmolLM3's template has) renders as its body,
+    as apply_chat_template renders it; a template that does not compile leaves completions
+    serving and makes chat answer why; of named templates the export carries 'default'."""
+    from fastapi.testclient import TestClient
+
+    from ssd_export.pair import chat_template
+    from ssd_runtime.serve.chat import ChatTemplate
+
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "def f():"},
+                {"role": "user", "content": "more"}]
+    base = bundle_factory("llama", "llama_cut")
+    marked = with_chat_template(base, tmp_path / "generation", GENERATION_TEMPLATE)
+    assert ChatTemplate(Generator.load(marked)).prompt_ids(messages) == \
+        chat_ids(marked, messages)
+    broken = with_chat_template(base, tmp_path / "broken", "{% for m in messages %}")
+    with TestClient(create_app(ServeConfig(bundle=broken, model_name=MODEL))) as http:
+        assert http.post("/v1/completions", json={"model": MODEL, "prompt": "x",
+                                                  "max_tokens": 2}).status_code == 200
+        res = http.post("/v1/chat/completions", json={"model": MODEL, "messages": messages})
+        assert res.status_code == 400 and res.json()["error"]["code"] == "chat_template_error"
+        assert "does not compile" in res.json()["error"]["message"]
+
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(base / "tokenizer" / "tokenizer.json"))
+    tok.chat_template = {"default": GENERATION_TEMPLATE, "tool_use": "T"}
+    template, note = chat_template(tok)
+    assert template == GENERATION_TEMPLATE and "carries 'default'" in note
+    tok.chat_template = {"tool_use": "T"}
+    assert chat_template(tok)[0] is None
+
+
 def test_split_mode_server_answers_as_the_sequential_generator(bundle, gen):
     from fastapi.testclient import TestClient
 
