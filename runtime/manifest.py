@@ -15,9 +15,10 @@ from . import contract
 from .errors import BundleError
 
 FORMAT = "ssd-bundle"
-SCHEMA_VERSION = 4          # 2: models carry "graph" (flavour); 1 reads as "standard"
+SCHEMA_VERSION = 5          # 2: models carry "graph" (flavour); 1 reads as "standard"
                             # 3: models carry "quant" (weights); 1 and 2 read as "none"
                             # 4: models carry "moe" (how MoE layers run); 1-3 read as "none"
+                            # 5: tokenizer carries "special_tokens" (text); 1-4 read as {}
 MANIFEST_NAME = "manifest.json"
 _HINT = "---> HINT: re-run ssd-export to rebuild the bundle."
 
@@ -63,6 +64,10 @@ class TokenizerEntry:
     bos_token_id: int | None = None
     pad_token_id: int | None = None
     chat_template: str | None = None
+    # the Hugging Face tokenizer's bos/eos/pad/unk tokens as text, which chat templates read
+    # ({{ eos_token }}); its eos may differ from the generation_config's eos_token_ids[0]
+    # (Llama 3 Instruct: <|eot_id|> against <|end_of_text|>)
+    special_tokens: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,14 @@ def eos_ids(model: Any) -> list[int]:
     return sorted({int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])})
 
 
+def special_tokens(tokenizer: Any) -> dict[str, str]:
+    """The tokenizer's special tokens as text, as apply_chat_template() hands them to the
+    template (bos_token, eos_token, pad_token, unk_token; those it has)."""
+    names = ("bos_token", "eos_token", "pad_token", "unk_token")
+    return {name: str(value) for name in names
+            if isinstance(value := getattr(tokenizer, name, None), str) and value}
+
+
 def chat_template(tokenizer: Any) -> tuple[str | None, str]:
     """The chat template apply_chat_template() renders without tools, and a note when the
     tokenizer has several named ones (a dict: "default", "tool_use", ...) and one was chosen."""

@@ -100,8 +100,12 @@ def _compile(source: str) -> Any:
 
 
 def _special_tokens(generator: Generator) -> dict[str, str]:
-    """bos_token / eos_token / pad_token as text, as the template variables expect."""
+    """bos_token / eos_token / pad_token (/ unk_token) as text, as apply_chat_template passes
+    them: the Hugging Face tokenizer's own, recorded by the export; a bundle of schema 4 or
+    older has only ids, and the first EOS id stands for eos_token."""
     entry, tokenizer = generator.manifest.tokenizer, generator.codec.tokenizer
+    if entry.special_tokens:
+        return dict(entry.special_tokens)
     ids = {"bos_token": entry.bos_token_id, "pad_token": entry.pad_token_id,
            "eos_token": entry.eos_token_ids[0] if entry.eos_token_ids else None}
     tokens = {name: tokenizer.id_to_token(i) for name, i in ids.items() if i is not None}

@@ -327,6 +327,38 @@ def test_chat_templates_hugging_face_renders(bundle_factory, tmp_path):
     assert chat_template(tok)[0] is None
 
 
+def test_templates_read_the_tokenizers_eos_token(models, tmp_path):
+    """apply_chat_template hands the template the tokenizer's eos_token, which may differ from
+    the generation_config's first EOS id (Llama 3 Instruct); an older bundle reads as before."""
+    import shutil
+
+    from transformers import GenerationConfig
+
+    from ssd_export import ExportConfig, export_bundle
+    from ssd_runtime.manifest import read_manifest
+    from ssd_runtime.serve.chat import ChatTemplate
+
+    target = tmp_path / "target"
+    shutil.copytree(models["llama"], target)
+    config = GenerationConfig.from_pretrained(target)
+    config.eos_token_id = [2]                       # <pad> ends generation; "</s>" is eos_token
+    config.save_pretrained(target)
+    export_bundle(ExportConfig(target=str(target), draft=str(models["llama_cut"]),
+                               output=tmp_path / "b", quiet=True))
+    bundle = with_chat_template(tmp_path / "b", tmp_path / "chat")
+    manifest = read_manifest(bundle)
+    assert manifest.tokenizer.eos_token_ids == [2]
+    assert manifest.tokenizer.special_tokens == {"bos_token": "<s>", "eos_token": "</s>",
+                                                 "pad_token": "<pad>"}
+    messages = [{"role": "user", "content": "hi"}]
+    assert ChatTemplate(Generator.load(bundle)).prompt_ids(messages) == chat_ids(bundle, messages)
+    data = json.loads((bundle / "manifest.json").read_text())
+    del data["tokenizer"]["special_tokens"]
+    data["schema_version"] = 4
+    (bundle / "manifest.json").write_text(json.dumps(data))
+    assert read_manifest(bundle).tokenizer.special_tokens == {}
+
+
 def test_split_mode_server_answers_as_the_sequential_generator(bundle, gen):
     from fastapi.testclient import TestClient
 
