@@ -44,10 +44,13 @@ def load_prompts(path: str | None) -> list[str]:
     for i, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
-                prompts.append(json.loads(line)["prompt"])
+                prompt = json.loads(line)["prompt"]
             except (json.JSONDecodeError, KeyError, TypeError):
+                prompt = None
+            if not isinstance(prompt, str):      # checked here, not after the models load
                 raise ConfigError(f"{path}:{i}: expected a JSON object with a \"prompt\" "
                                   f"string per line.") from None
+            prompts.append(prompt)
     if not prompts:
         raise ConfigError(f"{path}: no prompts.")
     return prompts
@@ -235,9 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     prompts = load_prompts(args.prompts)
     for flag, path in (("--json", args.json_out), ("--plot", args.plot)):
         if path:                          # before a run of minutes, not after it
-            _writable(flag, Path(path))
+            _writable(flag, path)
     if args.plot:
-        _pyplot()
+        _plot_format(args.plot)
     report = run_bench(args.bundle, configs, prompts, args.max_new_tokens,
                        args.temperature, args.repeats, args.backend, args.coupling)
     print(format_table(report))
@@ -250,16 +253,33 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _writable(flag: str, path: Path) -> None:
-    """Make the output's folder; say clearly when the output cannot be written there."""
+def _writable(flag: str, name: str) -> None:
+    """Make the output's folder and try a file there (os.access says yes to root even where
+    nothing can be written, as in /proc); say clearly when the output cannot be written."""
+    path = Path(name)
+    if name.endswith(("/", os.sep)) or path.is_dir():
+        raise ConfigError(f"{flag} {name}: is a folder; give a file name.")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        probe = path.parent / f".{path.name}.{os.getpid()}.probe"
+        probe.write_bytes(b"")
+        probe.unlink()
     except OSError as exc:
-        raise ConfigError(f"{flag} {path}: cannot create its folder ({exc.strerror}).") from None
-    if path.is_dir():
-        raise ConfigError(f"{flag} {path}: is a folder; give a file name.")
-    if not os.access(path.parent, os.W_OK):
-        raise ConfigError(f"{flag} {path}: its folder is not writable.")
+        raise ConfigError(f"{flag} {name}: cannot be written there "
+                          f"({exc.strerror or exc}).") from None
+
+
+# what matplotlib's Agg canvas writes, by extension (it infers the format from the name)
+PLOT_FORMATS = ("avif", "eps", "jpeg", "jpg", "pdf", "pgf", "png", "ps", "raw", "rgba", "svg",
+                "svgz", "tif", "tiff", "webp")
+
+
+def _plot_format(name: str) -> None:
+    """An image extension, or matplotlib fails after the run (or, with none, writes NAME.png)."""
+    if Path(name).suffix.lower().lstrip(".") not in PLOT_FORMATS:
+        raise ConfigError(f"--plot {name}: give a file name ending in an image format "
+                          f"({', '.join('.' + f for f in PLOT_FORMATS)}).")
+    _pyplot()
 
 
 def _configs(args) -> list[Config]:
@@ -283,6 +303,10 @@ def _configs(args) -> list[Config]:
         default = [(cpu_cores(), 1)] if mode == "sequential" else [(max(1, cpu_cores() - 1), 1)]
         for t in placements or default:
             configs += [Config(k, mode, t) for k in ks if not (mode == "split" and k == 0)]
+    if not configs:
+        raise ConfigError(f"--k {args.k} --mode {args.mode}: nothing to measure (split mode "
+                          f"drafts, so it has no k=0). ---> HINT: add k > 0 or auto, or "
+                          f"--mode sequential.")
     return configs
 
 

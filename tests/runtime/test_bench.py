@@ -86,8 +86,17 @@ def test_bench_bad_arguments(bundle_factory, capsys, tmp_path):
     for args, fragment in ((["--repeats", "0"], "--repeats 0"),
                            (["--max-new-tokens", "0"], "--max-new-tokens 0"),
                            (["--prompts", str(tmp_path / "none.jsonl")], "none.jsonl: cannot read"),
-                           (["--json", str(blocker / "out.json")], "cannot create its folder"),
-                           (["--plot", str(tmp_path)], "is a folder")):
+                           (["--json", str(blocker / "out.json")], "cannot be written there"),
+                           (["--json", "/proc/out.json"], "cannot be written there"),
+                           (["--json", f"{tmp_path}/new-folder/"], "is a folder"),
+                           (["--plot", str(tmp_path)], "is a folder"),
+                           (["--plot", str(tmp_path / "plot.xyz")], "ending in an image format"),
+                           (["--plot", str(tmp_path / "plot")], "ending in an image format"),
+                           (["--prompts", str(_prompts(tmp_path, '{"prompt": 5}'))],
+                            'a "prompt" string per line'),
+                           (["--prompts", str(_prompts(tmp_path, 'null'))],
+                            'a "prompt" string per line'),
+                           (["--mode", "split"], "nothing to measure")):
         assert main([bundle, "--k", "0", *args]) == 2, args
         err = capsys.readouterr().err
         assert fragment in err and "Traceback" not in err and err.count("\n") == 1, err
@@ -95,6 +104,12 @@ def test_bench_bad_arguments(bundle_factory, capsys, tmp_path):
     assert main([bundle, "--k", "0", "--max-new-tokens", "2", "--repeats", "1",
                  "--prompts", str(_one_prompt(tmp_path)), "--json", str(out)]) == 0
     assert json.loads(out.read_text())["results"] and not Path(f"{out}.tmp").exists()
+
+
+def _prompts(tmp_path, line: str) -> Path:
+    path = tmp_path / f"prompts-{abs(hash(line))}.jsonl"
+    path.write_text('{"prompt": "def f(x):"}\n' + line + "\n")
+    return path
 
 
 def _one_prompt(tmp_path):
