@@ -221,7 +221,8 @@ class Generator:
                               f"max_draft, and is not 'auto'. ---> HINT: use k='auto' or a k "
                               f"in that range" + (f", or re-export with ssd-export --max-draft "
                                                   f"{k}." if above else "."))
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) \
+                or max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be a positive integer.")
         if stop is not None and (isinstance(stop, str) or
                                  not all(isinstance(s, str) for s in stop)):
