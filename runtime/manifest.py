@@ -18,7 +18,8 @@ FORMAT = "ssd-bundle"
 SCHEMA_VERSION = 5          # 2: models carry "graph" (flavour); 1 reads as "standard"
                             # 3: models carry "quant" (weights); 1 and 2 read as "none"
                             # 4: models carry "moe" (how MoE layers run); 1-3 read as "none"
-                            # 5: tokenizer carries "special_tokens" (text); 1-4 read as {}
+                            # 5: tokenizer carries "special_tokens" (text), "split_special_tokens"
+                            #    and "clean_up_spaces"; 1-4 read as {}, false, false
 MANIFEST_NAME = "manifest.json"
 _HINT = "---> HINT: re-run ssd-export to rebuild the bundle."
 
@@ -68,6 +69,11 @@ class TokenizerEntry:
     # ({{ eos_token }}); its eos may differ from the generation_config's eos_token_ids[0]
     # (Llama 3 Instruct: <|eot_id|> against <|end_of_text|>)
     special_tokens: dict[str, str] = field(default_factory=dict)
+    # settings of the Hugging Face tokenizer that tokenizer.json does not hold: special-token
+    # strings in a text encoded as plain text; decode's clean_up_tokenization (" ." -> "."),
+    # as Hugging Face applies it (it skips it for BPE models)
+    split_special_tokens: bool = False
+    clean_up_spaces: bool = False
 
 
 @dataclass(frozen=True)

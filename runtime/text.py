@@ -18,6 +18,12 @@ class TextCodec:
 
         self.entry = entry
         self.tokenizer = Tokenizer.from_file(str(root / entry.path))
+        self.tokenizer.encode_special_tokens = entry.split_special_tokens
+        # byte-fallback tokens (<0x0A>...; Llama 2, Mistral, Gemma): their decoder turns a whole
+        # run of them into U+FFFD when the run is not valid UTF-8, bytes that were valid on
+        # their own included, so the stream holds a run's text until the run ends
+        self.byte_ids = {i for b in range(256)
+                         if (i := self.tokenizer.token_to_id(f"<0x{b:02X}>")) is not None}
 
     def encode(self, text: str) -> list[int]:
         """Ids as the Hugging Face tokenizer gives them, its added ids (BOS...) included."""
@@ -37,7 +43,24 @@ class TextCodec:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
+        """The text Hugging Face's tokenizer.decode(ids, skip_special_tokens=True) gives."""
+        return self.clean(self.raw(ids))
+
+    def raw(self, ids: list[int]) -> str:
+        """tokenizer.json's decoding alone, before the clean-up of spaces."""
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def clean(self, text: str) -> str:
+        if not self.entry.clean_up_spaces:
+            return text
+        for spaced, tight in CLEAN_UP:
+            text = text.replace(spaced, tight)
+        return text
+
+
+# transformers' clean_up_tokenization, in its order
+CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+            (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
 
 
 class TextStream:
@@ -63,22 +86,38 @@ class TextStream:
     def push(self, ids: list[int]) -> str:
         self.ids.extend(ids)
         self._decoded += self._new_text()
-        full = self._decoded
+        full = self.codec.clean(self._decoded)
         start = len(self.text)    # emitted text holds no stop string nor the start of one
         cuts = [i for i in (full.find(s, start) for s in self.stops) if i >= 0]
         if cuts:
             self.stopped = True
             self._trim_ids(min(cuts))
             return self._emit(full[:min(cuts)])
-        hold = max([_overlap(full, s) for s in self.stops] + [0])
+        # held back: the start of a stop string, and of a space the clean-up may still remove
+        held = [*self.stops, *(s for s, _ in CLEAN_UP)] if self.codec.entry.clean_up_spaces \
+            else self.stops
+        hold = max([_overlap(full, s) for s in held] + [0])
         return self._emit(full[:len(full) - hold])
 
     def flush(self) -> str:
-        return "" if self.stopped else self._emit(self.codec.decode(self.ids))
+        """The rest, once no ids will follow: held-back text, a last run of byte tokens (which
+        may hold a stop string too)."""
+        if self.stopped:
+            return ""
+        full = self.codec.decode(self.ids)
+        cuts = [i for i in (full.find(s, len(self.text)) for s in self.stops) if i >= 0]
+        if cuts:
+            self.stopped = True
+            self._trim_ids(min(cuts))
+            return self._emit(full[:min(cuts)])
+        return self._emit(full)
 
     def _new_text(self) -> str:
-        """Text of the ids since `_read`, or "" while it ends in half a character."""
-        decode = self.codec.decode
+        """Text of the ids since `_read` (before the clean-up of spaces), or "" while it ends
+        in half a character or in a run of byte-fallback tokens that may yet turn invalid."""
+        if self.ids and self.ids[-1] in self.codec.byte_ids:
+            return ""
+        decode = self.codec.raw
         before = decode(self.ids[self._prefix:self._read])
         window = decode(self.ids[self._prefix:])
         if len(window) <= len(before) or window.endswith("\ufffd"):

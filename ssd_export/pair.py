@@ -71,6 +71,20 @@ def special_tokens(tokenizer: Any) -> dict[str, str]:
             if isinstance(value := getattr(tokenizer, name, None), str) and value}
 
 
+def text_settings(tokenizer: Any) -> dict[str, bool]:
+    """What the Hugging Face tokenizer does to text beyond tokenizer.json: split_special_tokens
+    (a special token's string in a text is plain text), and the decode's clean-up of spaces,
+    which transformers applies when asked except to BPE models (unless forced)."""
+    backend = tokenizer.backend_tokenizer
+    bpe = type(backend.model).__name__ == "BPE"
+    forced = getattr(tokenizer,
+                     "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output",
+                     False)
+    return {"split_special_tokens": bool(getattr(tokenizer, "split_special_tokens", False)),
+            "clean_up_spaces": bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
+            and (not bpe or bool(forced))}
+
+
 def chat_template(tokenizer: Any) -> tuple[str | None, str]:
     """The chat template apply_chat_template() renders without tools, and a note when the
     tokenizer has several named ones (a dict: "default", "tool_use", ...) and one was chosen."""

@@ -23,7 +23,7 @@ from .config import DEFAULT_MAX_CONTEXT, ExportConfig
 from .engines import export_engines, require_tensorrt
 from .loading import LoadedModel, check_architecture, load_model
 from .pair import (added_ids, chat_template, check_vocabularies, eos_ids,
-                   generation_defaults, special_tokens)
+                   generation_defaults, special_tokens, text_settings)
 from .parity import check_parity
 from .quantize import BITS, check_request, quantize_draft
 
@@ -100,7 +100,8 @@ def export_bundle(config: ExportConfig) -> Manifest:
                 eos_token_ids=eos,
                 bos_token_id=target.tokenizer.bos_token_id,
                 pad_token_id=target.tokenizer.pad_token_id,
-                chat_template=template, special_tokens=special_tokens(target.tokenizer)),
+                chat_template=template, special_tokens=special_tokens(target.tokenizer),
+                **text_settings(target.tokenizer)),
             heads=heads, build=_build_info(config), generation=generation,
         )
         engines = export_engines(root, manifest, config.engines, config.engine_precision, log,
