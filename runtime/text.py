@@ -76,6 +76,9 @@ class TextStream:
 
     def __init__(self, codec: TextCodec, stops: list[str] | None = None) -> None:
         self.codec, self.stops = codec, [s for s in (stops or []) if s]
+        # held back: the start of a stop string, and of a space the clean-up may still remove
+        self._held = [*self.stops, *(s for s, _ in CLEAN_UP)] if codec.entry.clean_up_spaces \
+            else self.stops
         self.ids: list[int] = []
         self.text = ""            # text emitted so far
         self.stopped = False
@@ -87,16 +90,9 @@ class TextStream:
         self.ids.extend(ids)
         self._decoded += self._new_text()
         full = self.codec.clean(self._decoded)
-        start = len(self.text)    # emitted text holds no stop string nor the start of one
-        cuts = [i for i in (full.find(s, start) for s in self.stops) if i >= 0]
-        if cuts:
-            self.stopped = True
-            self._trim_ids(min(cuts))
-            return self._emit(full[:min(cuts)])
-        # held back: the start of a stop string, and of a space the clean-up may still remove
-        held = [*self.stops, *(s for s, _ in CLEAN_UP)] if self.codec.entry.clean_up_spaces \
-            else self.stops
-        hold = max([_overlap(full, s) for s in held] + [0])
+        if (piece := self._cut(full)) is not None:
+            return piece
+        hold = max([_overlap(full, s) for s in self._held] + [0])
         return self._emit(full[:len(full) - hold])
 
     def flush(self) -> str:
@@ -105,12 +101,18 @@ class TextStream:
         if self.stopped:
             return ""
         full = self.codec.decode(self.ids)
+        piece = self._cut(full)
+        return self._emit(full) if piece is None else piece
+
+    def _cut(self, full: str) -> str | None:
+        """At the first stop string past the emitted text (which holds no stop string nor the
+        start of one): stop there, keep the ids before it, and emit up to it; None if none."""
         cuts = [i for i in (full.find(s, len(self.text)) for s in self.stops) if i >= 0]
-        if cuts:
-            self.stopped = True
-            self._trim_ids(min(cuts))
-            return self._emit(full[:min(cuts)])
-        return self._emit(full)
+        if not cuts:
+            return None
+        self.stopped = True
+        self._trim_ids(min(cuts))
+        return self._emit(full[:min(cuts)])
 
     def _new_text(self) -> str:
         """Text of the ids since `_read` (before the clean-up of spaces), or "" while it ends
