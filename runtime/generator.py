@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Literal, Sequence
 
 from .acceptance import make_rule
 from .backends import Threads, open_backend
@@ -17,6 +17,9 @@ from .backends.select import CUDA_PROVIDER
 from .drafting import SequentialDrafter, SplitDrafter
 from .errors import ConfigError
 from .heads import HeadSessions
+
+if TYPE_CHECKING:
+    from .batch import Batch
 from .loop import Stats, decode
 from .perf import Acceptance, AdaptiveK, CostModel, FixedK, RoundTimes, calibrate
 from .manifest import Manifest, read_manifest
@@ -32,17 +35,33 @@ DRAFTERS = {"sequential": SequentialDrafter, "split": SplitDrafter}
 class GenerationResult:
     token_ids: list[int]      # generated ids only, not the prompt
     text: str
-    stop_reason: str          # "eos" | "length" | "context" | "stop"
+    stop_reason: str          # "eos" | "length" | "context" | "stop" | "error" (batches only)
     stats: Stats
+    error: str | None = None  # generate_batch: why this prompt was refused (the others ran)
+
+
+@dataclass
+class Request:
+    """One sequence to decode: its prompt ids, rule and settings, checked (Generator.request)."""
+
+    ids: list[int]
+    rule: Any                 # acceptance.GreedyAcceptance | SamplingAcceptance | ...
+    eos_ids: set[int]
+    max_new_tokens: int
+    k: int | str
+    stop: list[str]
+    mode: Mode
+    kind: str                 # "greedy" | "sampled" | "invariant": what acceptance is learnt for
 
 
 class Generator:
     def __init__(self, root: Path, manifest: Manifest, backend: str = "auto",
                  threads: Threads = None, fused_heads: bool | None = None,
-                 mode: Mode = "sequential") -> None:
+                 mode: Mode = "sequential", max_batch: int = 1) -> None:
         self.root, self.manifest, self.mode = root, manifest, _checked_mode(mode)
+        self.max_batch = _checked_batch(max_batch, manifest)
         self.codec = TextCodec(root, manifest.tokenizer)
-        opened = open_backend(root, manifest, backend, threads, mode)
+        opened = open_backend(root, manifest, backend, threads, mode, self.max_batch)
         self.target, self.draft = opened.target, opened.draft
         self.backend = opened.backend            # "cpu" | "cuda" | "trt"
         self.backend_reason = opened.reason      # e.g. "cpu (auto): trt skipped: TensorRT …"
@@ -56,19 +75,23 @@ class Generator:
         self._learnt: dict[str, Acceptance] = {}     # k="auto": what earlier calls saw
         self._times: dict[str, RoundTimes] = {}      # ... and how long their rounds took, by mode
         self._busy = threading.Lock()                # held while a sequence decodes
+        self._batch_costs: dict[int, CostModel] = {}  # batch.py: a CostModel per batch size
 
     @classmethod
     def load(cls, bundle: str | Path, backend: str = "auto", threads: Threads = None,
              verify: bool = True, fused_heads: bool | None = None,
-             mode: Mode = "sequential") -> Generator:
+             mode: Mode = "sequential", max_batch: int = 1) -> Generator:
         """Open a bundle written by ssd-export; `verify` checks every file's sha256.
         `backend`: auto (trt, then cuda, then cpu; `gen.backend_reason` says why), cpu, cuda
         or trt. `fused_heads`: make decisions with the bundle's ONNX heads (default: on a
         GPU, where they read the device logits and return token ids). `mode`: the mode
         generate() runs by default and, with `threads=None`, the one the CPU threads are
-        chosen for (split: one core for the draft's thread, the rest for the target)."""
+        chosen for (split: one core for the draft's thread, the rest for the target).
+        `max_batch`: KV slots for that many sequences decoded together (generate_batch,
+        batch(); up to the bundle's own max_batch, CPU backend)."""
         root = Path(bundle)
-        return cls(root, read_manifest(root, verify=verify), backend, threads, fused_heads, mode)
+        return cls(root, read_manifest(root, verify=verify), backend, threads, fused_heads, mode,
+                   max_batch)
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128,
                  k: int | Literal["auto"] = "auto", **settings: Any) -> GenerationResult:
@@ -95,6 +118,27 @@ class Generator:
         default, the tokens are the target alone's for that seed whatever k, mode or
         backend; "rejection" keeps the rule that accepts most. Bad settings raise
         ConfigError here, before the first piece."""
+        req = self.request(prompt, max_new_tokens, k, temperature=temperature, top_k=top_k,
+                           top_p=top_p, seed=seed, stop=stop, mode=mode,
+                           repetition_penalty=repetition_penalty,
+                           presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                           logit_bias=logit_bias, min_new_tokens=min_new_tokens,
+                           ignore_eos=ignore_eos, coupling=coupling)
+        return self._pieces(req.ids, req.rule, req.eos_ids, req.max_new_tokens, req.k, req.stop,
+                            req.mode, req.kind)
+
+    def request(self, prompt: str | Sequence[int], max_new_tokens: int = 128,
+                k: int | Literal["auto"] = "auto",
+                temperature: float | None = None, top_k: int | None = None,
+                top_p: float | None = None, seed: int | None = None,
+                stop: Sequence[str] | None = None, mode: Mode | None = None,
+                repetition_penalty: float | None = None,
+                presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                logit_bias: dict[int, float] | None = None, min_new_tokens: int = 0,
+                ignore_eos: bool = False, coupling: str = "auto", fused: bool = True) -> Request:
+        """One sequence's settings, checked (ConfigError), with its acceptance rule: what
+        stream() decodes, and what a batch (batch.py) takes per sequence. `fused=False`: the
+        rule decides on the host even where the bundle's heads could (batches do)."""
         if logit_bias is not None and not isinstance(logit_bias, dict):
             raise ConfigError(f"logit_bias must be a dict {{token id: bias}}, not "
                               f"{type(logit_bias).__name__}.")
@@ -116,12 +160,70 @@ class Generator:
                               f"vocabulary [0, {vocab}).")
         draft_vocab = self.manifest.draft.vocab_size
         # the heads judge draft and target rows of one width: a padded pair decides on the host
-        rule = make_rule(params, self.heads if draft_vocab == vocab else None, ids,
+        heads = self.heads if fused and draft_vocab == vocab else None
+        rule = make_rule(params, heads, ids,
                          max(vocab, draft_vocab), self.eos_ids)
         eos = set() if ignore_eos else self.eos_ids
         # acceptance is learnt per kind of rule: the invariant one accepts a little less
         kind = "greedy" if params.greedy else "invariant" if params.invariant else "sampled"
-        return self._pieces(ids, rule, eos, max_new_tokens, k, stop, mode, kind)
+        return Request(ids, rule, eos, max_new_tokens, k, list(stop or []), mode, kind)
+
+    def batch(self, k: int | Literal["auto"] = "auto", slots: int | None = None) -> Batch:
+        """A batch over `slots` (default: all max_batch) of this generator's slots (batch.py):
+        add sequences, step rounds. It holds the generator (like a stream) until closed; use
+        it as a context."""
+        from .batch import Batch
+
+        self._take("a batch")
+        try:
+            return Batch(self, k, slots)
+        except BaseException:
+            self._busy.release()
+            raise
+
+    def generate_batch(self, prompts: Sequence[Any], max_new_tokens: int = 128,
+                       k: int | Literal["auto"] = "auto", **settings: Any
+                       ) -> list[GenerationResult]:
+        """One result per prompt, in order, decoded together max_batch at a time (more wait
+        for a free slot). A prompt is text, token ids, or a dict with "prompt" and its own
+        settings (max_new_tokens, temperature, top_k, top_p, seed, stop, penalties,
+        logit_bias, k, ...) over `settings`. A prompt whose settings are refused gets a
+        result with stop_reason "error" and the reason in `error`; the others run."""
+        if isinstance(prompts, (str, dict)) or not isinstance(prompts, Sequence) or not prompts:
+            raise ConfigError("generate_batch takes a non-empty list of prompts (text, token "
+                              "ids, or dicts with a 'prompt'). ---> HINT: for one prompt use "
+                              "generate().")
+        results: list[GenerationResult | None] = [None] * len(prompts)
+        index: dict[int, int] = {}
+        with self.batch(k) as batch:
+            for i, item in enumerate(prompts):
+                own = {**settings, "max_new_tokens": max_new_tokens}
+                try:
+                    if isinstance(item, dict):
+                        if "prompt" not in item:
+                            raise ConfigError(f"prompts[{i}] has no 'prompt'.")
+                        own.update(item)
+                        item = own.pop("prompt")
+                    index[batch.add(item, **own)] = i
+                except (ConfigError, TypeError) as exc:
+                    results[i] = GenerationResult([], "", "error", Stats(backend=self.backend),
+                                                  error=f"prompts[{i}]: {exc}")
+            while batch.active:
+                for event in batch.step():
+                    if event.result is not None:
+                        results[index[event.id]] = event.result
+        assert all(r is not None for r in results)
+        return results  # type: ignore[return-value]
+
+    def _release_batch(self, batch: Batch) -> None:
+        self._busy.release()
+
+    def _take(self, what: str) -> None:
+        if not self._busy.acquire(blocking=False):
+            raise ConfigError(f"this Generator is already decoding (a stream or a batch holds "
+                              f"its KV slots), so {what} cannot start. ---> HINT: finish or "
+                              f"close() the other first, or add the sequences to one batch "
+                              f"(gen.batch()), or load a second Generator.")
 
     def defaults(self, openai: bool = False) -> dict[str, float]:
         """What an unset temperature, top_k, top_p or repetition_penalty means: the value the
@@ -227,6 +329,19 @@ class Generator:
         if stop is not None and (isinstance(stop, str) or
                                  not all(isinstance(s, str) for s in stop)):
             raise ConfigError(f"stop={stop!r} must be a list of strings.")
+
+
+def _checked_batch(max_batch: int, manifest: Manifest) -> int:
+    if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
+        raise ConfigError(f"max_batch={max_batch!r} must be a positive integer.")
+    if max_batch > manifest.max_batch:
+        raise ConfigError(f"max_batch={max_batch} is more than this bundle was exported and "
+                          f"checked for ({manifest.max_batch}"
+                          + (f", schema {manifest.schema_version}: bundles before schema 6 take "
+                             f"one sequence per call" if manifest.schema_version < 6 else "")
+                          + f"). ---> HINT: re-export with ssd-export --max-batch {max_batch}, "
+                            f"or load with max_batch <= {manifest.max_batch}.")
+    return max_batch
 
 
 def _checked_mode(mode: str) -> Mode:

@@ -15,11 +15,15 @@ from . import contract
 from .errors import BundleError
 
 FORMAT = "ssd-bundle"
-SCHEMA_VERSION = 5          # 2: models carry "graph" (flavour); 1 reads as "standard"
+SCHEMA_VERSION = 6          # 2: models carry "graph" (flavour); 1 reads as "standard"
                             # 3: models carry "quant" (weights); 1 and 2 read as "none"
                             # 4: models carry "moe" (how MoE layers run); 1-3 read as "none"
                             # 5: tokenizer carries "special_tokens" (text), "split_special_tokens"
                             #    and "clean_up_spaces"; 1-4 read as {}, false, false
+                            # 6: "max_batch", the largest batch the graphs were exported and
+                            #    checked for with rows of their own lengths (docs/design.md
+                            #    §11); 1-5 read as 1
+MAX_BATCH = 64              # the batch axis' bound in the traced graphs (graphs/trace.py)
 MANIFEST_NAME = "manifest.json"
 _HINT = "---> HINT: re-run ssd-export to rebuild the bundle."
 
@@ -105,6 +109,7 @@ class Manifest:
     generation: dict[str, Any] = field(default_factory=dict)  # the target's explicit
                                           # generation_config: do_sample, temperature, top_k,
                                           # top_p, repetition_penalty (the runtime's defaults)
+    max_batch: int = 1        # sequences one call may carry, each at its own length
     format: str = FORMAT
     schema_version: int = SCHEMA_VERSION
 
@@ -143,6 +148,7 @@ class Manifest:
                 files=dict(data.get("files", {})),
                 engines=[EngineEntry(**e) for e in data.get("engines", [])],
                 generation=_generation(data.get("generation", {})),
+                max_batch=int(data.get("max_batch", 1)),
                 schema_version=version,
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -157,6 +163,9 @@ class Manifest:
             if entry.moe not in contract.MOES:
                 raise BundleError(f"{where}: models.{role}.moe is {entry.moe!r}, expected one "
                                   f"of {list(contract.MOES)}. {_HINT}")
+        if not 1 <= manifest.max_batch <= MAX_BATCH:
+            raise BundleError(f"{where}: max_batch is {manifest.max_batch}, expected 1 to "
+                              f"{MAX_BATCH}. {_HINT}")
         if manifest.max_draft < 1 or manifest.max_context < manifest.max_draft + 2:
             raise BundleError(f"{where}: max_context {manifest.max_context} leaves no room for a "
                               f"prompt token and a verification of max_draft + 1 = "

@@ -30,6 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-context", type=int, default=None,
                    help="longest sequence the bundle serves (default: 2048, or the models' limit)")
     p.add_argument("--max-draft", type=int, default=8, help="largest k (draft tokens per round)")
+    p.add_argument("--max-batch", type=int, default=16,
+                   help="most sequences the runtime may decode in one call, each at its own "
+                        "length (Generator.load(max_batch=), ssd-serve --max-batch); checked at "
+                        "export and recorded in the bundle (default 16, at most 64)")
     p.add_argument("--dtype", choices=get_args(DType), default="float32")
     p.add_argument("--engines", choices=get_args(Engines), default="auto",
                    help="TensorRT engines: auto (default) builds them when TensorRT and a GPU are "
@@ -68,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"the following arguments are required: {', '.join(missing)}")
     config = ExportConfig(target=args.target, draft=args.draft, output=args.output,
                           max_context=args.max_context, max_draft=args.max_draft,
-                          dtype=args.dtype, force=args.force, quiet=args.quiet,
+                          max_batch=args.max_batch, dtype=args.dtype, force=args.force, quiet=args.quiet,
                           engines=args.engines, engine_precision=args.engine_precision,
                           graph=args.graph, draft_quant=args.draft_quant)
     try:

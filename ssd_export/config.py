@@ -22,6 +22,7 @@ class ExportConfig:
     output: Path
     max_context: int | None = None  # None: 2048, or the models' limit if smaller
     max_draft: int = 8
+    max_batch: int = 16             # sequences per call the graphs are checked and recorded for
     dtype: DType = "float32"
     force: bool = False
     quiet: bool = False

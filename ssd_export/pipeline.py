@@ -16,7 +16,7 @@ from ssd_graphs.trace import OPSET, TracedModel, append_tops, export_decoder
 from ssd_runtime import __version__, contract
 from ssd_runtime.backends.trt import probe_tensorrt
 from ssd_runtime.errors import ConfigError
-from ssd_runtime.manifest import Manifest, ModelEntry, TokenizerEntry
+from ssd_runtime.manifest import MAX_BATCH, Manifest, ModelEntry, TokenizerEntry
 
 from .bundle import check_output, finish_manifest, staging
 from .config import DEFAULT_MAX_CONTEXT, ExportConfig
@@ -35,6 +35,8 @@ def export_bundle(config: ExportConfig) -> Manifest:
     check_output(config.output, config.force)
     if not 1 <= config.max_draft <= 64:
         raise ConfigError(f"--max-draft {config.max_draft} must be between 1 and 64.")
+    if not 1 <= config.max_batch <= MAX_BATCH:
+        raise ConfigError(f"--max-batch {config.max_batch} must be between 1 and {MAX_BATCH}.")
     if config.max_context is not None and config.max_context < _least_context(config):
         raise ConfigError(f"--max-context {config.max_context} is too small: at least "
                           f"{_least_context(config)} (16, and max_draft + 2 = "
@@ -103,6 +105,7 @@ def export_bundle(config: ExportConfig) -> Manifest:
                 chat_template=template, special_tokens=special_tokens(target.tokenizer),
                 **text_settings(target.tokenizer)),
             heads=heads, build=_build_info(config), generation=generation,
+            max_batch=config.max_batch,
         )
         engines = export_engines(root, manifest, config.engines, config.engine_precision, log,
                                  config.output)

@@ -42,8 +42,9 @@ def cpu_cores() -> int:
 
 
 def open_backend(root: Path, manifest: Manifest, backend: str = "auto",
-                 threads: Threads = None, mode: str = "sequential") -> Opened:
-    """Open both sessions on the first backend of the plan that opens; say why it won."""
+                 threads: Threads = None, mode: str = "sequential", max_batch: int = 1) -> Opened:
+    """Open both sessions on the first backend of the plan that opens; say why it won.
+    `max_batch`: KV slots per model, one sequence each (docs/design.md §11)."""
     if backend not in BACKENDS:
         raise BackendError(f"backend {backend!r} is unknown; choose one of {', '.join(BACKENDS)}.")
     placement = threads if isinstance(threads, tuple) else (threads, threads)
@@ -54,7 +55,12 @@ def open_backend(root: Path, manifest: Manifest, backend: str = "auto",
     failures: list[str] = []
     for name in chosen_plan.attempts:
         try:
-            target, draft = _OPENERS[name](root, manifest, placement, chosen_plan, mode)
+            if max_batch > 1 and name != "cpu":
+                raise BackendError(f"backend {name!r} decodes one sequence at a time for now "
+                                   f"(max_batch={max_batch}); batches run on the cpu backend. "
+                                   f"---> HINT: use backend='cpu', or max_batch=1.")
+            target, draft = _OPENERS[name](root, manifest, placement, chosen_plan, mode,
+                                           max_batch)
         except (BackendError, RuntimeError) as exc:   # RuntimeError: TensorRT's bindings raise it
             if backend != "auto" or name == chosen_plan.attempts[-1]:
                 if isinstance(exc, BackendError):
@@ -80,16 +86,16 @@ def probe(manifest: Manifest, requested: str) -> Facts:
     return Facts(version, problem, gpu, providers, tuple(manifest.engines))
 
 
-def _open_cpu(root: Path, manifest: Manifest, placement, _: Plan, mode: str):
+def _open_cpu(root: Path, manifest: Manifest, placement, _: Plan, mode: str, max_batch: int):
     cores = cpu_cores()
     split = mode == "split"                 # the draft's thread runs beside the target's
     target = _open(root, manifest, "target", manifest.target, placement[0],
-                   cores=max(1, cores - 1) if split else cores)
+                   cores=max(1, cores - 1) if split else cores, max_batch=max_batch)
     return target, _open(root, manifest, "draft", manifest.draft, placement[1], beside=target,
-                         cores=1 if split else cores)
+                         cores=1 if split else cores, max_batch=max_batch)
 
 
-def _open_cuda(root: Path, manifest: Manifest, placement, _: Plan, __: str):
+def _open_cuda(root: Path, manifest: Manifest, placement, _: Plan, __: str, ___: int):
     from .ort_cuda import OrtCudaSession
 
     max_new = manifest.max_draft + 2
@@ -99,7 +105,7 @@ def _open_cuda(root: Path, manifest: Manifest, placement, _: Plan, __: str):
                                         ("draft", manifest.draft, placement[1])))
 
 
-def _open_trt(root: Path, manifest: Manifest, placement, chosen: Plan, _: str):
+def _open_trt(root: Path, manifest: Manifest, placement, chosen: Plan, _: str, __: int):
     from .trt import TrtSession
 
     assert chosen.engines is not None
@@ -114,15 +120,16 @@ _OPENERS = {"cpu": _open_cpu, "cuda": _open_cuda, "trt": _open_trt}
 
 def _open(root: Path, manifest: Manifest, name: str, entry: ModelEntry,
           threads: int | None, beside: ModelSession | None = None,
-          cores: int = 1) -> ModelSession:
+          cores: int = 1, max_batch: int = 1) -> ModelSession:
     """A CPU session with `threads` intra-op threads, or else the faster of 1 and `cores`."""
     from .ort import OrtCpuSession
 
     max_new = manifest.max_draft + 2     # verify k+1, or a draft step with its catch-up token
     path = root / entry.path
     if threads is not None or cores == 1:
-        return OrtCpuSession(name, path, entry, manifest.max_context, max_new, threads or 1)
-    candidates = [OrtCpuSession(name, path, entry, manifest.max_context, max_new, n)
+        return OrtCpuSession(name, path, entry, manifest.max_context, max_new, threads or 1,
+                             max_batch)
+    candidates = [OrtCpuSession(name, path, entry, manifest.max_context, max_new, n, max_batch)
                   for n in (1, cores)]
     # what each runs in the loop: the target single steps (k=0) and whole verifications,
     # which gain far more from threads than one token does; the draft a round of steps

@@ -6,6 +6,14 @@ past as the prefix `[:past_len]` and the new-KV outputs at row `past_len` of the
 "ort": head-major `(1, Hkv, max_context, D)`, bound whole as both past and present; the
 GroupQueryAttention kernel sees the same address on both sides and writes the new rows in
 place at the past length it reads from the positions. No KV copy ever, in either.
+
+With `max_batch` S > 1 the arenas hold S slots, `(S, max_context, Hkv, D)` or
+`(S, Hkv, max_context, D)`, one sequence each (docs/design.md §11). `forward`/`prefill` with
+`slot=b` run one sequence in slot b's rows as above; `forward_rows` runs slots 0..B-1 in one
+call, each row at its own past length: "ort" binds the first B slots whole, in place as
+before; "standard" binds them whole as the past (the graph masks each row past its own
+length) and its new rows land in a scratch buffer, from which the real rows are copied into
+the arena: only new rows are written, never the past.
 """
 from __future__ import annotations
 
@@ -17,7 +25,7 @@ from .. import contract
 from ..errors import BackendError
 from ..manifest import ModelEntry
 
-_DTYPES = {"float32": np.float32, "float16": np.float16}
+DTYPES = {"float32": np.float32, "float16": np.float16}
 PREFILL_CHUNK = 256
 
 
@@ -84,9 +92,9 @@ class OrtCpuSession:
     device, device_id = "cpu", 0          # where the arenas live (ort_cuda overrides)
 
     def __init__(self, name: str, path: Path, entry: ModelEntry, max_context: int,
-                 max_new_len: int, threads: int | None = None) -> None:
+                 max_new_len: int, threads: int | None = None, max_batch: int = 1) -> None:
         self.name, self.entry, self.threads = name, entry, threads
-        self.max_context, self.max_new_len = max_context, max_new_len
+        self.max_context, self.max_new_len, self.max_batch = max_context, max_new_len, max_batch
         _check_onnxruntime(name, entry)
         try:
             self.session = self._open(path, threads)
@@ -99,9 +107,11 @@ class OrtCpuSession:
                     f"standard --draft-quant none." if entry.cpu_only else "")
             raise BackendError(f"ONNX Runtime cannot load {path}: {exc}{hint}") from None
         self._check_io()
-        self.kv_dtype = _DTYPES[entry.kv_dtype]
+        self.kv_dtype = DTYPES[entry.kv_dtype]
         self.row_bytes = entry.num_kv_heads * entry.head_dim * np.dtype(self.kv_dtype).itemsize
-        self.ids = np.zeros((1, max(max_new_len, PREFILL_CHUNK)), np.int64)
+        # ids and positions: one flat buffer each, viewed as (1, n) or (B, T) per call
+        width = max(max_new_len, PREFILL_CHUNK, max_batch * max_new_len)
+        self.ids = np.zeros((1, width), np.int64)
         self.positions = np.zeros_like(self.ids)
         self._allocate()
         self.binding = self.session.io_binding()
@@ -120,12 +130,14 @@ class OrtCpuSession:
                        for i in range(entry.num_layers)]
         self._ids_ptr, self._pos_ptr = self.ids.ctypes.data, self.positions.ctypes.data
         self._logits_addr = self._logits_ptr()
-        self.logits_dtype = _DTYPES[entry.logits_dtype]
+        self.logits_dtype = DTYPES[entry.logits_dtype]
+        self._top = self._tops()
+        self._caches_at: tuple[int, int] | None = None    # ort: (first slot, count) bound
         if self.in_place:
-            self._bind_whole_caches()
-        self._top = self._bind_tops()
+            self._bind_caches(0, 1)
         self._bound_len: int | None = None     # the length ids/positions/logits are bound at
         self._run_bound = _runner(self.session, self.binding)
+        self._scratch = self._allocate_scratch() if max_batch > 1 and not self.in_place else None
 
     def _open(self, path: Path, threads: int | None):
         import onnxruntime as ort
@@ -138,14 +150,29 @@ class OrtCpuSession:
         # one per layer, for keys and for values
         self.keys = [np.zeros(shape, self.kv_dtype) for _ in range(e.num_layers)]
         self.values = [np.zeros(shape, self.kv_dtype) for _ in range(e.num_layers)]
-        self.logits = np.zeros((1, self.max_new_len, e.vocab_size), _DTYPES[e.logits_dtype])
+        self.logits = np.zeros((self.max_batch * self.max_new_len * e.vocab_size,),
+                               DTYPES[e.logits_dtype])
+
+    def _allocate_scratch(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Standard graph, batches: per layer, where a call's new keys and values land (flat,
+        viewed as (B, T, Hkv, D)) before their real rows are copied into the arena."""
+        e = self.entry
+        size = self.max_batch * self.max_new_len * e.num_kv_heads * e.head_dim
+        return [(np.zeros(size, self.kv_dtype), np.zeros(size, self.kv_dtype))
+                for _ in range(e.num_layers)]
 
     @property
     def arena_shape(self) -> tuple[int, int, int, int]:
+        """(slots, Hkv, max_context, D) in the ort flavour, else (slots, max_context, Hkv, D)."""
         e = self.entry
         if e.graph == contract.ORT:
-            return (1, e.num_kv_heads, self.max_context, e.head_dim)
-        return (1, self.max_context, e.num_kv_heads, e.head_dim)
+            return (self.max_batch, e.num_kv_heads, self.max_context, e.head_dim)
+        return (self.max_batch, self.max_context, e.num_kv_heads, e.head_dim)
+
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes of one slot's rows in one layer's arena."""
+        return self.max_context * self.row_bytes
 
     def _kv_ptrs(self, layer: int) -> tuple[int, int]:
         return self.keys[layer].ctypes.data, self.values[layer].ctypes.data
@@ -154,22 +181,88 @@ class OrtCpuSession:
         return self.logits.ctypes.data
 
     def _logits_view(self, n: int):
-        return self.logits[0, :n]
+        return self.logits[:n * self.entry.vocab_size].reshape(n, self.entry.vocab_size)
 
-    def forward(self, token_ids: np.ndarray, past_len: int) -> np.ndarray:
+    def forward(self, token_ids: np.ndarray, past_len: int, slot: int = 0) -> np.ndarray:
         n = len(token_ids)
         if n > self.max_new_len:
             raise BackendError(f"{self.name}: {n} new tokens exceed this session's "
                                f"{self.max_new_len}; use prefill for long inputs.")
-        self._run(token_ids, past_len, logits_out=True)
+        self._run(token_ids, past_len, logits_out=True, slot=slot)
         return self._logits_view(n)
 
-    def prefill(self, token_ids: np.ndarray, past_len: int = 0) -> None:
+    def prefill(self, token_ids: np.ndarray, past_len: int = 0, slot: int = 0) -> None:
         for start in range(0, len(token_ids), PREFILL_CHUNK):
             chunk = token_ids[start:start + PREFILL_CHUNK]
-            self._run(chunk, past_len + start, logits_out=False)
+            self._run(chunk, past_len + start, logits_out=False, slot=slot)
 
-    def _run(self, token_ids: np.ndarray, past_len: int, logits_out: bool) -> None:
+    def forward_rows(self, token_ids: np.ndarray, past_lens: np.ndarray,
+                     real: np.ndarray | None = None) -> np.ndarray:
+        """Slots 0..B-1 in one call: row b's T tokens `token_ids[b]` at positions
+        past_lens[b].., its keys/values written at those rows of slot b; `real[b]` of them are
+        real (the rest pad the row and their rows are not kept: default all). Returns the
+        logits (B, T, vocab), valid until the next call."""
+        B, T = token_ids.shape
+        if B == 1:
+            return self.forward(token_ids[0], int(past_lens[0]))[None]
+        if B > self.max_batch or T > self.max_new_len:
+            raise BackendError(f"{self.name}: a batch of {B} rows of {T} tokens exceeds this "
+                               f"session's {self.max_batch} slots of {self.max_new_len}.")
+        if int(past_lens.max()) + T > self.max_context:
+            raise BackendError(f"{self.name}: positions up to {int(past_lens.max()) + T} exceed "
+                               f"the bundle's max_context {self.max_context}.")
+        e, width = self.entry, B * T
+        if self.in_place and T > 1:
+            return self._rows_one_by_one(token_ids, past_lens, real)
+        ids = self.ids[0, :width].reshape(B, T)
+        positions = self.positions[0, :width].reshape(B, T)
+        ids[:] = token_ids
+        positions[:] = past_lens[:, None] + np.arange(T)
+        if self.in_place:
+            self._bind_caches(0, B)
+        else:
+            self._bind_scratch(B, T)
+        bind_host = self._bind_host_in
+        bind_host(contract.INPUT_IDS, np.int64, (B, T), self._ids_ptr)
+        bind_host(contract.POSITION_IDS, np.int64, (B, T), self._pos_ptr)
+        self._bind_out(contract.LOGITS, self.logits_dtype, (B, T, e.vocab_size),
+                       self._logits_addr)
+        self._bound_len = None
+        self._run_bound()
+        if not self.in_place:
+            self._keep_new_rows(B, T, past_lens, np.full(B, T) if real is None else real)
+        return self.logits[:width * e.vocab_size].reshape(B, T, e.vocab_size)
+
+    @property
+    def batches_new_tokens(self) -> bool:
+        """Whether one call may carry several rows of several new tokens each. ONNX Runtime's
+        GroupQueryAttention (the ort flavour) refuses it: "batch_size must be 1 when
+        sequence_length > 1 and past context is given" (1.32), so forward_rows runs such
+        calls one row at a time."""
+        return not self.in_place
+
+    def _rows_one_by_one(self, token_ids: np.ndarray, past_lens: np.ndarray,
+                         real: np.ndarray | None) -> np.ndarray:
+        """The ort flavour's several new tokens per row: one call per row with real tokens,
+        each in its slot, its logits at its row of the (B, T, vocab) result."""
+        B, T = token_ids.shape
+        for b in range(B):
+            n = T if real is None else int(real[b])
+            if n:
+                self._run(token_ids[b, :n], int(past_lens[b]), logits_out=True, slot=b,
+                          logits_row=b * T)
+        V = self.entry.vocab_size
+        return self.logits[:B * T * V].reshape(B, T, V)
+
+    def top_rows(self, rows: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """forward_rows' last-row argmax and probability per row, where the graph gives them."""
+        if self._top is None:
+            return None
+        return self._top[0][:rows], self._top[1][:rows]
+
+    def _run(self, token_ids: np.ndarray, past_len: int, logits_out: bool, slot: int = 0,
+             logits_row: int = 0) -> None:
+        """One sequence's call in `slot`; its logits land `logits_row` rows into the buffer."""
         n = len(token_ids)
         if past_len + n > self.max_context:
             raise BackendError(f"{self.name}: positions up to {past_len + n} exceed the bundle's "
@@ -180,8 +273,11 @@ class OrtCpuSession:
             self.ids[0, :n] = token_ids
             self.positions[0, :n] = np.arange(past_len, past_len + n)
         if not self.in_place:
-            self._bind_rows(past_len, n)
-        if n != self._bound_len or not logits_out:
+            self._bind_rows(past_len, n, slot)
+        elif self._caches_at != (slot, 1):
+            self._bind_caches(slot, 1)
+            self._bound_len = None
+        if n != self._bound_len or not logits_out or logits_row:
             # ids, positions and logits are bound by length; the ort flavour never clears its
             # bindings, so consecutive calls of one length (draft steps) bind nothing
             bind_host, e = self._bind_host_in, self.entry
@@ -189,37 +285,78 @@ class OrtCpuSession:
             bind_host(contract.POSITION_IDS, np.int64, (1, n), self._pos_ptr)
             if logits_out:
                 self._bind_out(contract.LOGITS, self.logits_dtype, (1, n, e.vocab_size),
-                               self._logits_addr)
+                               self._logits_addr + logits_row * e.vocab_size
+                               * np.dtype(self.logits_dtype).itemsize)
             else:
                 self.binding.bind_output(contract.LOGITS, self.device, self.device_id)
-        self._bound_len = n if self.in_place and logits_out else None
+        self._bound_len = n if self.in_place and logits_out and not logits_row else None
         self._run_bound()
 
-    def _bind_rows(self, past_len: int, n: int) -> None:
-        """Standard graph: the past is rows [0, past_len) of each arena, and the new rows land
-        at [past_len, past_len + n) of the same buffer; rebound on every call."""
+    def _bind_rows(self, past_len: int, n: int, slot: int = 0) -> None:
+        """Standard graph: the past is rows [0, past_len) of the slot's rows in each arena, and
+        the new rows land at [past_len, past_len + n) of the same buffer; rebound on every
+        call."""
         self.binding.clear_binding_inputs()
         self.binding.clear_binding_outputs()
         bind_in, bind_out, kv_type, e = self._bind_in, self._bind_out, self.kv_dtype, self.entry
         past_shape = (1, past_len, e.num_kv_heads, e.head_dim)
         new_shape = (1, n, e.num_kv_heads, e.head_dim)
-        offset = past_len * self.row_bytes
+        base = slot * self.slot_bytes
+        offset = base + past_len * self.row_bytes
         for past_k, past_v, new_k, new_v, k_ptr, v_ptr in self.layers:
-            bind_in(past_k, kv_type, past_shape, k_ptr)
-            bind_in(past_v, kv_type, past_shape, v_ptr)
+            bind_in(past_k, kv_type, past_shape, k_ptr + base)
+            bind_in(past_v, kv_type, past_shape, v_ptr + base)
             bind_out(new_k, kv_type, new_shape, k_ptr + offset)
             bind_out(new_v, kv_type, new_shape, v_ptr + offset)
 
-    def _bind_whole_caches(self) -> None:
-        """The ort graph: each whole cache as both past and present. Names, shapes and addresses
-        never change, so this is done once; a call binds only ids, positions and logits, which
-        replace their own earlier bindings."""
-        whole, kv_type = self.arena_shape, self.kv_dtype
+    def _bind_scratch(self, B: int, T: int) -> None:
+        """Standard graph, a batch: slots 0..B-1 whole as the past (B, max_context, Hkv, D),
+        the new rows (B, T, Hkv, D) into the scratch buffers (never over an input)."""
+        self.binding.clear_binding_inputs()
+        self.binding.clear_binding_outputs()
+        bind_in, bind_out, kv_type, e = self._bind_in, self._bind_out, self.kv_dtype, self.entry
+        past_shape = (B, self.max_context, e.num_kv_heads, e.head_dim)
+        new_shape = (B, T, e.num_kv_heads, e.head_dim)
+        assert self._scratch is not None
+        for (past_k, past_v, new_k, new_v, k_ptr, v_ptr), (sk, sv) in zip(self.layers,
+                                                                         self._scratch):
+            bind_in(past_k, kv_type, past_shape, k_ptr)
+            bind_in(past_v, kv_type, past_shape, v_ptr)
+            bind_out(new_k, kv_type, new_shape, sk.ctypes.data)
+            bind_out(new_v, kv_type, new_shape, sv.ctypes.data)
+
+    def _keep_new_rows(self, B: int, T: int, past_lens: np.ndarray, real: np.ndarray) -> None:
+        """Copy each row's real new keys/values from the scratch into its slot at its length."""
+        e = self.entry
+        rows = np.concatenate([np.full(int(n), b) for b, n in enumerate(real)]).astype(np.intp)
+        steps = np.concatenate([np.arange(int(n)) for n in real]).astype(np.intp)
+        at = past_lens[rows] + steps
+        shape = (B, T, e.num_kv_heads, e.head_dim)
+        assert self._scratch is not None
+        for keys, values, (sk, sv) in zip(self.keys, self.values, self._scratch):
+            keys[rows, at] = sk[:B * T * e.num_kv_heads * e.head_dim].reshape(shape)[rows, steps]
+            values[rows, at] = sv[:B * T * e.num_kv_heads * e.head_dim].reshape(shape)[rows, steps]
+
+    def _bind_caches(self, first: int, count: int) -> None:
+        """The ort graph: slots first..first+count-1 of each whole cache as both past and
+        present (and the tops). Names, shapes and addresses change only when a call runs other
+        slots, so a run of one sequence binds them once; a call binds only ids, positions and
+        logits, which replace their own earlier bindings."""
+        if self._caches_at == (first, count):
+            return
+        e, kv_type = self.entry, self.kv_dtype
+        whole = (count, e.num_kv_heads, self.max_context, e.head_dim)
+        base = first * self.slot_bytes
         for past_k, past_v, present_k, present_v, k_ptr, v_ptr in self.layers:
-            self._bind_in(past_k, kv_type, whole, k_ptr)
-            self._bind_in(past_v, kv_type, whole, v_ptr)
-            self._bind_out(present_k, kv_type, whole, k_ptr)
-            self._bind_out(present_v, kv_type, whole, v_ptr)
+            self._bind_in(past_k, kv_type, whole, k_ptr + base)
+            self._bind_in(past_v, kv_type, whole, v_ptr + base)
+            self._bind_out(present_k, kv_type, whole, k_ptr + base)
+            self._bind_out(present_v, kv_type, whole, v_ptr + base)
+        if self._top is not None:
+            top_id, top_prob = self._top
+            self._bind_host_out(contract.TOP_ID, np.int64, (count,), top_id.ctypes.data)
+            self._bind_host_out(contract.TOP_PROB, np.float32, (count,), top_prob.ctypes.data)
+        self._caches_at = (first, count)
 
     def top(self) -> tuple[int, float] | None:
         """The last call's last-row argmax and its probability, where the graph computes them
@@ -229,15 +366,13 @@ class OrtCpuSession:
         top_id, top_prob = self._top
         return int(top_id[0]), float(top_prob[0])
 
-    def _bind_tops(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """Bound once, like the whole caches: only the ort flavour never clears its bindings."""
+    def _tops(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Where the ort flavour's top outputs land, one per slot; bound with the caches (only
+        the ort flavour never clears its bindings)."""
         outputs = {o.name for o in self.session.get_outputs()}
         if not self.in_place or not {contract.TOP_ID, contract.TOP_PROB} <= outputs:
             return None
-        top_id, top_prob = np.zeros(1, np.int64), np.zeros(1, np.float32)
-        self._bind_host_out(contract.TOP_ID, np.int64, (1,), top_id.ctypes.data)
-        self._bind_host_out(contract.TOP_PROB, np.float32, (1,), top_prob.ctypes.data)
-        return top_id, top_prob
+        return np.zeros(self.max_batch, np.int64), np.zeros(self.max_batch, np.float32)
 
     def _check_io(self) -> None:
         found_in = [i.name for i in self.session.get_inputs()]

@@ -16,10 +16,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..batch import choose_slots
 from ..errors import SsdError
 from ..generator import Generator
 from .chat import ChatTemplate
 from .config import ServeConfig, resolve_k
+from .batching import BatchEngine
 from .engine import ClientGone, Engine, Ticket
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import (ApiError, ChatCompletionRequest, CompletionRequest, Sampling, chunk_body,
@@ -43,7 +45,11 @@ class Server:
         self.max_context = generator.manifest.max_context
         self.max_tokens_limit = config.max_tokens_limit or self.max_context
         self.metrics = Metrics(self.model, replica)
-        self.engine = Engine(generator, config.max_queue, self.metrics)
+        self.max_batch = generator.max_batch if config.max_batch is not None \
+            else choose_slots(generator, self.k)
+        self.engine: Engine | BatchEngine = \
+            BatchEngine(generator, self.k, config.max_queue, self.metrics, self.max_batch) \
+            if self.max_batch > 1 else Engine(generator, config.max_queue, self.metrics)
         self.chat = ChatTemplate(generator)
         self.created = int(time.time())
 
@@ -66,10 +72,10 @@ class Server:
                       include_usage: bool, chat: bool) -> Response:
         """Validate, take a place in the queue (or 429), then answer as JSON or as SSE."""
         try:
-            pieces = self.generator.stream(ids, **opts.options(self.k))   # validates eagerly
+            pieces = self.engine.prepare(ids, opts.options(self.k))   # validates eagerly
         except SsdError as exc:
             raise ApiError(400, str(exc)) from None
-        ticket = self.engine.enter()
+        ticket = self.engine.enter(pieces)
         rid = new_id("chatcmpl" if chat else "cmpl")
         if stream:
             events = self._events(request, ticket, pieces, rid, chat, include_usage)
@@ -137,8 +143,7 @@ class _EventStream(StreamingResponse):
 def create_app(config: ServeConfig, generator: Generator | None = None,
                replica: str = "local") -> FastAPI:
     """Load the bundle (unless a generator is given) and build the app; errors are SsdError."""
-    generator = generator or Generator.load(config.bundle, config.backend, config.threads,
-                                            mode=config.mode)
+    generator = generator or _load(config)
     server = Server(config, generator, replica)
 
     @asynccontextmanager
@@ -151,9 +156,24 @@ def create_app(config: ServeConfig, generator: Generator | None = None,
     _add_routes(app, server)
     _add_error_handlers(app)
     app.add_middleware(_ServerMiddleware, server=server)
-    log.info("serving %s (%s backend, k=%s) from %s", server.model, generator.backend, server.k,
-             config.bundle)
+    log.info("serving %s (%s backend, k=%s, max_batch=%d) from %s", server.model,
+             generator.backend, server.k, server.max_batch, config.bundle)
     return app
+
+
+def _load(config: ServeConfig) -> Generator:
+    """The generator, with slots for --max-batch (unset: as many as the bundle was exported
+    for, on the cpu backend; the server then keeps what the calibration says pays)."""
+    from ..backends import plan, probe
+    from ..manifest import read_manifest
+
+    slots = config.max_batch or 1
+    if config.max_batch is None and config.mode != "split":
+        manifest = read_manifest(config.bundle, verify=False)
+        if plan(config.backend, probe(manifest, config.backend)).attempts[0] == "cpu":
+            slots = manifest.max_batch
+    return Generator.load(config.bundle, config.backend, config.threads, mode=config.mode,
+                          max_batch=slots)
 
 
 def _add_routes(app: FastAPI, server: Server) -> None:
@@ -187,6 +207,7 @@ def _add_routes(app: FastAPI, server: Server) -> None:
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": server.model, "backend": server.generator.backend,
                 "k": server.k, "max_context": server.max_context, "replica": server.replica,
+                "max_batch": server.max_batch,
                 "queue_depth": server.engine.slot.depth, "busy": server.engine.slot.busy}
 
     @app.get("/metrics")

@@ -25,6 +25,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draft tokens per round: auto (adaptive, default) or N; 0 = target alone")
     p.add_argument("--max-queue", type=int, default=64, metavar="N",
                    help="requests that may wait for the generator; more get 429 (default 64)")
+    p.add_argument("--max-batch", type=int, default=None, metavar="N",
+                   help="requests decoded together in one batch (continuous batching; 1: one "
+                        "at a time); default: chosen at start from the measured cost of each "
+                        "batch size, up to the bundle's max_batch")
     p.add_argument("--max-tokens-limit", type=int, default=None, metavar="N",
                    help="largest max_tokens a request may ask for (default: the bundle's "
                         "max_context)")
@@ -45,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
     return ServeConfig(bundle=args.bundle, host=args.host, port=args.port, backend=args.backend,
-                       k=args.k, max_queue=args.max_queue, max_tokens_limit=args.max_tokens_limit,
+                       k=args.k, max_queue=args.max_queue, max_batch=args.max_batch,
+                       max_tokens_limit=args.max_tokens_limit,
                        threads=args.threads, mode=args.mode, model_name=args.model_name)
 
 

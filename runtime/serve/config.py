@@ -21,6 +21,7 @@ class ServeConfig:
     backend: Backend = "auto"
     k: int | Literal["auto"] = "auto"
     max_queue: int = 64                 # requests waiting for the generator, beyond the running one
+    max_batch: int | None = None        # sequences decoded together; None: from the calibration
     max_tokens_limit: int | None = None  # None: the bundle's max_context
     threads: int | None = None
     mode: Literal["sequential", "split"] = "sequential"   # split: the draft runs ahead on a thread
@@ -30,6 +31,11 @@ class ServeConfig:
         object.__setattr__(self, "bundle", Path(self.bundle).resolve())
         if self.max_queue < 0:
             raise ConfigError(f"--max-queue {self.max_queue} must be 0 or more.")
+        if self.max_batch is not None and self.max_batch < 1:
+            raise ConfigError(f"--max-batch {self.max_batch} must be at least 1.")
+        if self.max_batch not in (None, 1) and self.mode == "split":
+            raise ConfigError("--mode split decodes one sequence at a time: it cannot go with "
+                              "--max-batch above 1. ---> HINT: drop --mode split to batch.")
         if self.max_tokens_limit is not None and self.max_tokens_limit < 1:
             raise ConfigError(f"--max-tokens-limit {self.max_tokens_limit} must be at least 1.")
         if self.threads is not None and self.threads < 1:

@@ -86,7 +86,11 @@ class Engine:
         self.slot = Slot(max_queue)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ssd-generate")
 
-    def enter(self) -> Ticket:
+    def prepare(self, ids: list[int], options: dict) -> Iterator[str]:
+        """The request's generation, its settings checked now (ConfigError: a 400)."""
+        return self.generator.stream(ids, **options)
+
+    def enter(self, pieces: Iterator[str] | None = None) -> Ticket:
         """Queue a request, or answer 429 with a Retry-After estimate when the queue is full."""
         try:
             return Ticket(turn=self.slot.enter())

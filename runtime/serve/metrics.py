@@ -42,12 +42,17 @@ class Histogram:
         return [*out, f"{name}_sum{suffix} {self.total!r}", f"{name}_count{suffix} {self.n}"]
 
 
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
 class Metrics:
     def __init__(self, model: str, replica: str) -> None:
         self.base = f'model="{_escape(model)}",replica="{_escape(replica)}"'
         self.requests: dict[tuple[str, int], int] = defaultdict(int)
         self.latency: dict[str, Histogram] = defaultdict(Histogram)
         self.queue_wait, self.first_token = Histogram(), Histogram()
+        self.inter_token = Histogram()          # between a request's text pieces (batched)
+        self.batch_size = Histogram(BATCH_BUCKETS)   # sequences per round (batched)
         self.prompt_tokens = self.generated_tokens = self.drafted = self.accepted = 0
         self.decode_seconds = 0.0
         self.last_tokens_per_s = 0.0
@@ -105,6 +110,11 @@ class Metrics:
                        "generator.", self.queue_wait.lines("ssd_queue_wait_seconds", b))
         out += _family("ssd_time_to_first_token_seconds", "histogram", "Arrival to the first "
                        "text piece.", self.first_token.lines("ssd_time_to_first_token_seconds", b))
+        out += _family("ssd_inter_token_seconds", "histogram", "Time between a request's "
+                       "text pieces (--max-batch > 1).",
+                       self.inter_token.lines("ssd_inter_token_seconds", b))
+        out += _family("ssd_batch_size", "histogram", "Sequences decoded per round "
+                       "(--max-batch > 1).", self.batch_size.lines("ssd_batch_size", b))
         return "\n".join(out) + "\n"
 
 

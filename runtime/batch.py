@@ -1,0 +1,469 @@
+"""Batches: many sequences per round over one Generator's KV slots (docs/design.md §11).
+
+    with gen.batch(k="auto") as batch:            # gen = Generator.load(bundle, max_batch=8)
+        a = batch.add("def fib(n):", max_new_tokens=64)
+        b = batch.add([1, 2, 3], temperature=0.8, seed=1)
+        while batch.active:
+            for event in batch.step():            # one round for every running sequence
+                print(event.id, event.text, event.result)
+
+Each sequence owns one slot: its rows of both models' arenas and its own lengths, so
+rollback stays free per slot. A round is the single-sequence loop (loop.py) done for all
+running slots at once:
+
+    prefill   at most PREFILL_BUDGET prompt tokens of newcomers, one slot at a time
+    draft     k steps, each one call over slots 0..S-1 (row b: its own feed at its own
+              length; rows with nothing to draft carry a dummy token past their valid rows)
+    verify    one target call over every row's [last, d1..dk], padded to k+1
+    accept    each slot's own rule on its own rows; lengths advance per slot
+
+k is one for the batch: every row of a call is padded to the longest, so a slot drafting
+fewer tokens saves nothing; the cost model prices each k at this batch size and k=0 wins
+where speculation no longer pays.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import TYPE_CHECKING, Any, Literal, Sequence
+
+import numpy as np
+
+from .errors import ConfigError
+from .loop import Stats
+from .perf import Acceptance, expected_tokens
+from .text import TextStream
+
+if TYPE_CHECKING:
+    from .generator import GenerationResult, Generator, Request
+
+PREFILL_BUDGET = 256          # prompt tokens prefilled per round (a chunk; docs/design.md §11)
+_PROBE_LENGTHS = (1, 2, 3, 5, 9, 17)   # verification lengths timed per batch size
+
+
+@dataclass
+class Event:
+    """What one round did for one sequence: the ids it emitted, their text, and the result
+    when the sequence ended (its last event)."""
+
+    id: int
+    tokens: list[int]
+    text: str
+    result: GenerationResult | None = None
+
+
+@dataclass(frozen=True)
+class BatchCost:
+    """Seconds of a draft step and of verifications of T tokens, for calls of `rows` rows."""
+
+    rows: int
+    draft_step: float
+    verify: tuple[tuple[int, float], ...]      # (T, seconds), T rising
+
+    def verify_time(self, length: int) -> float:
+        ts, secs = zip(*self.verify)
+        return float(np.interp(length, ts, secs))
+
+    def round_time(self, k: int) -> float:
+        return k * self.draft_step + self.verify_time(k + 1)
+
+
+@dataclass
+class _Sequence:
+    id: int
+    req: Request
+    text: TextStream
+    stats: Stats
+    acceptance: Acceptance
+    added: float = field(default_factory=perf_counter)
+    slot: int = -1
+    seq: list[int] = field(default_factory=list)
+    target_len: int = 0           # rows of valid keys/values in the slot of the target's arena
+    draft_len: int = 0            # ... and of the draft's
+    prefilled: bool = False
+    k: int = 0                    # this round's draft length
+    first_round: float | None = None
+
+    @property
+    def produced(self) -> int:
+        return len(self.seq) - len(self.req.ids)
+
+
+class Batch:
+    """Continuous batching over `generator`'s slots: sequences join (add) and leave (they end,
+    or cancel) between rounds; `step` runs one round. Not thread-safe: one thread drives it."""
+
+    def __init__(self, generator: Generator, k: int | Literal["auto"] = "auto",
+                 slots: int | None = None) -> None:
+        generator._check(k, 1, None)
+        slots = generator.max_batch if slots is None else slots
+        if not 1 <= slots <= generator.max_batch:
+            raise ConfigError(f"slots={slots} must be from 1 to the generator's max_batch "
+                              f"{generator.max_batch}.")
+        self.gen, self.k = generator, k
+        self.target, self.draft = generator.target, generator.draft
+        self.max_context = generator.manifest.max_context
+        self.slots: list[_Sequence | None] = [None] * slots
+        self.waiting: deque[_Sequence] = deque()
+        self.rounds = 0
+        self.sizes: list[int] = []               # sequences per decode round, for metrics
+        self._next_id = 0
+        self._done: list[Event] = []             # ended outside a round (cancel, no room)
+        target_vocab, draft_vocab = (generator.manifest.target.vocab_size,
+                                     generator.manifest.draft.vocab_size)
+        self._cut = target_vocab if draft_vocab > target_vocab else None
+        self._unknown = draft_vocab if target_vocab > draft_vocab else None
+
+    # -- joining and leaving --------------------------------------------------------------
+
+    def add(self, prompt: str | Sequence[int], max_new_tokens: int = 128,
+            k: int | Literal["auto"] | None = None, **settings: Any) -> int:
+        """Queue a sequence (Generator.stream's settings, each its own); returns its id. It
+        takes the lowest free slot at the next round. `k` caps this sequence's draft length
+        (k=0: the target alone for it). Bad settings raise ConfigError here; nothing else
+        is disturbed."""
+        mode = settings.pop("mode", None)
+        if mode not in (None, "sequential"):
+            raise ConfigError(f"mode={mode!r}: a batch decodes in sequential mode only (split "
+                              f"mode drafts one sequence's next round on a core of its own, "
+                              f"and a batch's verification keeps every core busy; "
+                              f"docs/design.md §11). ---> HINT: drop mode, or decode this "
+                              f"sequence alone with Generator.stream.")
+        req = self.gen.request(prompt, max_new_tokens, self.k if k is None else k,
+                               mode="sequential", fused=False, **settings)
+        seq = _Sequence(self._next_id, req, TextStream(self.gen.codec, req.stop),
+                        Stats(backend=self.gen.backend, k=self.k, prompt_tokens=len(req.ids),
+                              mode="batch", threads=f"{self.target.threads}:"
+                                                    f"{self.draft.threads}"),
+                        _copy(self.gen._learnt.get(req.kind)))
+        seq.seq = list(req.ids)
+        self._next_id += 1
+        self.waiting.append(seq)
+        return seq.id
+
+    def cancel(self, seq_id: int) -> bool:
+        """Stop a sequence now (its slot is free for the next round); False if unknown."""
+        for seq in [*self.waiting, *self._running()]:
+            if seq.id == seq_id:
+                self._end(seq, "cancelled")
+                return True
+        return False
+
+    @property
+    def active(self) -> int:
+        """Sequences waiting or decoding."""
+        return len(self.waiting) + sum(s is not None for s in self.slots)
+
+    @property
+    def free_slots(self) -> int:
+        return sum(s is None for s in self.slots) - len(self.waiting)
+
+    # -- one round -------------------------------------------------------------------------
+
+    def step(self) -> list[Event]:
+        """One round: admit waiting sequences to free slots, prefill a chunk of newcomers'
+        prompts, then draft, verify and accept for every running sequence."""
+        events, self._done = self._done, []
+        self._admit()
+        self._prefill()
+        run = [s for s in self._running() if s.prefilled]
+        if run:
+            events += self._round(run)
+        return events + self._take_done()
+
+    def _admit(self) -> None:
+        while self.waiting and None in self.slots:
+            seq = self.waiting.popleft()
+            seq.slot = self.slots.index(None)        # the lowest: calls span fewer rows
+            self.slots[seq.slot] = seq
+
+    def _prefill(self) -> None:
+        """Newcomers' prompts, PREFILL_BUDGET tokens a round in all (a long prompt takes
+        several rounds, and the running sequences wait one chunk's time per round)."""
+        budget = PREFILL_BUDGET
+        for seq in self._running():
+            if seq.prefilled:
+                continue
+            if len(seq.seq) >= self.max_context:       # no room for a single new token
+                self._end(seq, "context")
+                continue
+            todo = len(seq.req.ids) - 1 - seq.target_len
+            chunk = seq.req.ids[seq.target_len:seq.target_len + min(todo, budget)]
+            t0 = perf_counter()
+            if chunk:
+                self.target.prefill(np.asarray(chunk, np.int64), seq.target_len, slot=seq.slot)
+                self.draft.prefill(self._draft_ids(chunk), seq.draft_len, slot=seq.slot)
+                seq.target_len += len(chunk)
+                seq.draft_len = seq.target_len
+                budget -= len(chunk)
+            seq.stats.seconds["prefill"] += perf_counter() - t0
+            seq.prefilled = seq.target_len == len(seq.req.ids) - 1
+            if budget <= 0:
+                break
+
+    def _round(self, run: list[_Sequence]) -> list[Event]:
+        rows = max(s.slot for s in run) + 1          # slots 0..rows-1; holes carry dummies
+        k = self._batch_k(run, rows)
+        for seq in run:
+            room = self.max_context - len(seq.seq)
+            cap = seq.req.k if isinstance(seq.req.k, int) else k
+            seq.k = max(0, min(k, cap, room - 1, seq.req.max_new_tokens - seq.produced - 1))
+            if seq.first_round is None:
+                seq.first_round = perf_counter()
+        # every row of a call writes [valid, valid + T): inside the context for holes too
+        valid = [self._target_len(slot) for slot in range(rows)]
+        most = min(self.max_context - 1 - v for v in valid)
+        for seq in run:
+            seq.k = min(seq.k, most)
+        t0 = perf_counter()
+        drafts, probs = self._draft_round(run, rows)
+        t1 = perf_counter()
+        width = 1 + max(s.k for s in run)
+        ids = np.zeros((rows, width), np.int64)
+        real = np.zeros(rows, np.int64)
+        for seq in run:
+            row = [seq.seq[-1], *drafts[seq.id]]
+            ids[seq.slot, :len(row)] = row
+            real[seq.slot] = len(row)
+        logits = self.target.forward_rows(ids, np.asarray(valid, np.int64), real)
+        t2 = perf_counter()
+        self.rounds += 1
+        self.sizes.append(len(run))
+        events = []
+        for seq in run:
+            d = drafts[seq.id]
+            j, t = seq.req.rule.verify(logits[seq.slot, :len(d) + 1], d, probs[seq.id],
+                                       seq.target_len + 1)
+            seq.target_len += j + 1                  # rows for last, d1..dj stay valid
+            seq.draft_len = min(seq.draft_len, seq.target_len)
+            if d:
+                seq.acceptance.observe(len(d), j)
+            events.append(self._emit(seq, [*d[:j], t], len(d), j, t1 - t0, t2 - t1))
+        return [e for e in events if e is not None]
+
+    def _draft_round(self, run: list[_Sequence], rows: int
+                     ) -> tuple[dict[int, list[int]], dict[int, list]]:
+        """Draft each running sequence's k tokens: step i is one call over slots 0..rows-1."""
+        drafts: dict[int, list[int]] = {s.id: [] for s in run}
+        probs: dict[int, list] = {s.id: [] for s in run}
+        for seq in run:                               # a draft far behind catches up alone
+            feed = seq.seq[seq.draft_len:]
+            if seq.k and len(feed) > 2:
+                self.draft.prefill(self._draft_ids(feed[:-1]), seq.draft_len, slot=seq.slot)
+                seq.draft_len += len(feed) - 1
+        for i in range(max(s.k for s in run)):
+            drafting = [s for s in run if s.k > i]
+            feeds = {s.id: s.seq[s.draft_len:] if i == 0 else drafts[s.id][-1:] for s in drafting}
+            logits, tops, last = self._draft_call(drafting, feeds, rows)
+            for seq in drafting:
+                seq.draft_len += len(feeds[seq.id])
+                row = logits[seq.slot, last[seq.slot]:last[seq.slot] + 1]       # (1, vocab)
+                top = None
+                if tops is not None and last[seq.slot] == logits.shape[1] - 1:
+                    top = int(tops[0][seq.slot]), float(tops[1][seq.slot])  # the row's last's
+                if self._cut is not None:             # propose only ids the target has
+                    row = row[:, :self._cut]
+                    top = top if top is not None and top[0] < self._cut else None
+                token, q = seq.req.rule.draft_pick(row, seq.draft_len, top, drafts[seq.id])
+                drafts[seq.id].append(token)
+                probs[seq.id].append(q)
+                seq.stats.draft_calls += 1
+        return drafts, probs
+
+    def _draft_call(self, drafting: list[_Sequence], feeds: dict[int, list[int]], rows: int):
+        """One draft step for `drafting` (each its feed at its own length) over slots
+        0..rows-1: (logits (rows, T, vocab), tops or None, per slot the row of its last
+        token). Where the graph cannot batch several new tokens (the ort flavour), a feed of
+        two (a pending token and the last) goes in as two one-token calls, right-aligned."""
+        width = max(len(f) for f in feeds.values())
+        past = np.asarray([self._draft_len(slot) for slot in range(rows)], np.int64)
+        calls = width if width > 1 and not self.draft.batches_new_tokens else 1
+        step = width // calls
+        for c in range(calls):
+            ids = np.zeros((rows, step), np.int64)
+            real = np.zeros(rows, np.int64)
+            at = past.copy()
+            for seq in drafting:
+                feed = feeds[seq.id]
+                part = feed[len(feed) - width + c * step:][:step] if calls > 1 else feed
+                if calls > 1 and len(feed) - width + c < 0:
+                    part = []                         # this row's feed starts later
+                ids[seq.slot, :len(part)] = self._draft_ids(part) if part else 0
+                real[seq.slot] = len(part)
+                if calls > 1:
+                    at[seq.slot] = seq.draft_len + max(0, len(feed) - width + c)
+            logits = self.draft.forward_rows(ids, at, real)
+        last = {seq.slot: (len(feeds[seq.id]) - 1 if calls == 1 else 0) for seq in drafting}
+        return logits, self.draft.top_rows(rows), last
+
+    def _emit(self, seq: _Sequence, new: list[int], drafted: int, accepted: int,
+              draft_s: float, verify_s: float) -> Event | None:
+        ended = next((i for i, tok in enumerate(new) if tok in seq.req.eos_ids), None)
+        if ended is not None:
+            new = new[:ended + 1]
+        seq.seq += new
+        seq.req.rule.commit(new)
+        st = seq.stats
+        st.rounds += 1
+        st.target_calls += 1
+        st.drafted += drafted
+        st.accepted += accepted
+        st.new_tokens = seq.produced
+        st.seconds["draft"] += draft_s
+        st.seconds["verify"] += verify_s
+        piece = seq.text.push(new)
+        reason = ("stop" if seq.text.stopped else "eos" if ended is not None
+                  else "length" if seq.produced >= seq.req.max_new_tokens
+                  else "context" if len(seq.seq) >= self.max_context else None)
+        if reason is None:
+            return Event(seq.id, new, piece)
+        result, tail = self._finish(seq, reason)
+        return Event(seq.id, new, piece + tail, result)
+
+    # -- k per round -----------------------------------------------------------------------
+
+    def _batch_k(self, run: list[_Sequence], rows: int) -> int:
+        """The fixed k, or under "auto" the k that maximises the batch's expected tokens per
+        second at this many rows: sum over slots of (1 - α^(k+1)) / (1 - α), over the measured
+        seconds of k draft steps and a verification of k + 1 tokens (docs/design.md §11)."""
+        if self.k != "auto":
+            return int(self.k)
+        max_k = self.gen.manifest.max_draft
+        cost = self.cost(rows)
+
+        def rate(k: int) -> float:
+            tokens = sum(expected_tokens(s.acceptance.alpha,
+                                         min(k, s.req.k) if isinstance(s.req.k, int) else k)
+                         for s in run)
+            return tokens / cost.round_time(k)
+
+        return max(range(max_k + 1), key=rate)
+
+    def cost(self, rows: int) -> BatchCost:
+        """What calls of `rows` rows cost here, measured once per power of two and cached on
+        the generator (in the loop's own pattern: draft steps, then a verification)."""
+        size = min(1 << max(0, rows - 1).bit_length(), self.gen.max_batch)
+        cached = self.gen._batch_costs.get(size)
+        if cached is None:
+            cached = self.gen._batch_costs[size] = self._measure(size)
+        return cached
+
+    def _measure(self, rows: int, repeats: int = 3) -> BatchCost:
+        """Time calls of `rows` rows at each slot's own length (so live sequences keep their
+        rows: only rows past their valid ones are written)."""
+        lengths = [t for t in _PROBE_LENGTHS if t <= self.gen.manifest.max_draft + 1]
+        target_past = np.asarray([self._target_len(s) for s in range(rows)], np.int64)
+        draft_past = np.asarray([self._draft_len(s) for s in range(rows)], np.int64)
+        fits = self.max_context - max(lengths) - 1
+        if int(target_past.max()) > fits or int(draft_past.max()) > fits:
+            return BatchCost(rows, 0.0, ((1, 1.0),))    # no room to time: k = 0 here
+        # (empty slots time at a typical length rather than 0)
+        target_past = np.where(target_past == 0, min(64, fits), target_past)
+        draft_past = np.where(draft_past == 0, min(64, fits), draft_past)
+        drafts: list[float] = []
+        verify: dict[int, list[float]] = {t: [] for t in lengths}
+        one = np.zeros((rows, 1), np.int64)
+        for r in range(repeats + 1):                  # the first pass warms up
+            for t in lengths:
+                for _ in range(t - 1):
+                    t0 = perf_counter()
+                    self.draft.forward_rows(one, draft_past)
+                    if r:
+                        drafts.append(perf_counter() - t0)
+                t0 = perf_counter()
+                self.target.forward_rows(np.zeros((rows, t), np.int64), target_past)
+                if r:
+                    verify[t].append(perf_counter() - t0)
+        times = np.maximum.accumulate([float(np.median(verify[t])) for t in lengths])
+        return BatchCost(rows, float(np.median(drafts)) if drafts else 0.0,
+                         tuple(zip(lengths, map(float, times))))
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _running(self) -> list[_Sequence]:
+        return [s for s in self.slots if s is not None]
+
+    def _target_len(self, slot: int) -> int:
+        """Valid rows in the slot of the target's arena (0: free, or beyond this batch's)."""
+        seq = self.slots[slot] if slot < len(self.slots) else None
+        return 0 if seq is None else seq.target_len
+
+    def _draft_len(self, slot: int) -> int:
+        seq = self.slots[slot] if slot < len(self.slots) else None
+        return 0 if seq is None else seq.draft_len
+
+    def _draft_ids(self, tokens: list[int]) -> np.ndarray:
+        """Ids as the draft takes them: a target id the draft lacks (a padded vocabulary) is 0."""
+        ids = np.asarray(tokens, np.int64)
+        if self._unknown is not None and len(ids) and ids.max() >= self._unknown:
+            ids = np.where(ids >= self._unknown, 0, ids)
+        return ids
+
+    def _end(self, seq: _Sequence, reason: str) -> None:
+        """End a sequence outside a round; its last event comes with the next step."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        result, tail = self._finish(seq, reason)
+        self._done.append(Event(seq.id, [], tail, result))
+
+    def _finish(self, seq: _Sequence, reason: str) -> tuple[GenerationResult, str]:
+        """Free the slot and close the sequence's text: its result and the text held back."""
+        from .generator import GenerationResult
+
+        if seq.slot >= 0 and self.slots[seq.slot] is seq:
+            self.slots[seq.slot] = None
+        tail = seq.text.flush()
+        if seq.text.stopped:
+            reason = "stop"
+        st = seq.stats
+        st.stop_reason = reason
+        now = perf_counter()
+        st.seconds["total"] = now - seq.added
+        st.seconds["decode"] = now - seq.first_round if seq.first_round is not None else 0.0
+        st.seconds["host"] = max(0.0, st.seconds["decode"] - st.seconds["draft"]
+                                 - st.seconds["verify"])
+        if st.drafted and self.k == "auto":           # what the next sequences start from
+            self.gen._learnt[seq.req.kind] = _copy(seq.acceptance)
+        return GenerationResult(seq.text.ids, seq.text.text, reason, st), tail
+
+    def _take_done(self) -> list[Event]:
+        done, self._done = self._done, []
+        return done
+
+    def close(self) -> None:
+        """End every sequence (cancelled) and give the generator back."""
+        for seq in [*self.waiting, *self._running()]:
+            self._end(seq, "cancelled")
+        self._done = []
+        self.gen._release_batch(self)
+
+    def __enter__(self) -> Batch:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _copy(learnt: Acceptance | None) -> Acceptance:
+    """A sequence's own estimate of α, starting from what earlier sequences of its kind saw."""
+    if learnt is None:
+        return Acceptance()
+    return Acceptance(accepted=learnt.accepted, rejected=learnt.rejected)
+
+
+def choose_slots(generator: Generator, k: int | str = 0, gain: float = 1.1) -> int:
+    """How many sequences to decode together: double the batch while a round of one-token
+    steps for all of them serves at least `gain` times the tokens per second of half as many
+    (measured, batch.cost); past that, more slots add latency, not throughput. 1 where the
+    generator has one slot."""
+    if generator.max_batch == 1:
+        return 1
+    with generator.batch(k) as batch:
+        rows, best = 1, 1 / batch.cost(1).verify_time(1)
+        while rows * 2 <= generator.max_batch:
+            rate = rows * 2 / batch.cost(rows * 2).verify_time(1)
+            if rate < gain * best:
+                break
+            rows, best = rows * 2, rate
+    return rows

@@ -1,0 +1,224 @@
+"""Continuous batching for ssd-serve: every request decodes in one batch (docs/design.md §11).
+
+    handler: job = engine.prepare(ids, options)    # 400 now if a setting is refused
+             ticket = engine.enter(job)            # 429 now if the waiting queue is full
+             async for piece in engine.run(ticket, job): ...
+    worker:  loop { add new requests, cancel departed ones, batch.step(), hand each
+             request its piece } in one thread; a request joins at the next round
+
+The engine has Engine's interface (engine.py), so the routes do not know which one serves
+them. A client that goes away is cancelled at the next round and its slot is free for the
+next request.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
+
+from ..errors import SsdError
+from .engine import POLL_S, ClientGone
+from .metrics import Metrics
+from .protocol import ApiError
+
+if TYPE_CHECKING:
+    from ..generator import GenerationResult, Generator
+
+log = logging.getLogger("ssd_runtime.serve")
+
+
+@dataclass
+class Job:
+    """A request's prompt and settings, checked before it queues."""
+
+    ids: list[int]
+    options: dict[str, Any]
+
+
+@dataclass
+class BatchTicket:
+    arrived: float = field(default_factory=perf_counter)
+    seq_id: int | None = None                  # the batch's id for it, once added
+    pieces: asyncio.Queue | None = None        # (text, result or None, error or None)
+    loop: asyncio.AbstractEventLoop | None = None
+    result: GenerationResult | None = None
+    first_piece: float | None = None
+    last_piece: float | None = None
+    admitted: float | None = None
+    finished: bool = False
+
+
+class _Depth:
+    """What /health and /metrics read: requests waiting for a slot, and whether any decode."""
+
+    def __init__(self, engine: BatchEngine) -> None:
+        self.engine = engine
+
+    @property
+    def depth(self) -> int:
+        return self.engine.waiting()
+
+    @property
+    def busy(self) -> bool:
+        return self.engine.running() > 0
+
+
+class BatchEngine:
+    def __init__(self, generator: Generator, k: int | str, max_queue: int,
+                 metrics: Metrics, slots: int | None = None) -> None:
+        self.generator, self.metrics, self.max_queue = generator, metrics, max_queue
+        self.batch = generator.batch(k, slots)
+        self.slot = _Depth(self)
+        self._cond = threading.Condition()
+        self._inbox: deque[tuple[BatchTicket, Job]] = deque()
+        self._leaving: list[BatchTicket] = []
+        self._tickets: dict[int, BatchTicket] = {}
+        self._closed = False
+        self._worker = threading.Thread(target=self._serve, name="ssd-batch", daemon=True)
+        self._worker.start()
+
+    def prepare(self, ids: list[int], options: dict[str, Any]) -> Job:
+        """Check the settings now (ConfigError -> 400), as Generator.stream does."""
+        self.generator.request(ids, **options, fused=False)
+        if options.get("mode") not in (None, "sequential"):
+            raise ApiError(400, "split mode is not available with --max-batch > 1.")
+        return Job(ids, options)
+
+    def waiting(self) -> int:
+        return len(self._inbox) + len(self.batch.waiting)
+
+    def running(self) -> int:
+        return sum(s is not None for s in self.batch.slots)
+
+    def enter(self, job: Job) -> BatchTicket:
+        """Queue the request for the next round, or answer 429 when the queue is full."""
+        free = sum(s is None for s in self.batch.slots)
+        if self.waiting() - free >= self.max_queue:
+            wait = max(1, math.ceil(self.metrics.mean_service_s
+                                    * (self.waiting() + 1) / len(self.batch.slots)))
+            raise ApiError(429, f"the server is busy: {self.waiting()} requests are already "
+                                f"waiting for one of {len(self.batch.slots)} slots (ssd-serve "
+                                f"--max-queue {self.max_queue}). Retry in about {wait} s.",
+                           code="queue_full", type="rate_limit_error",
+                           headers={"Retry-After": str(wait)})
+        ticket = BatchTicket(pieces=asyncio.Queue(), loop=asyncio.get_running_loop())
+        with self._cond:
+            self._inbox.append((ticket, job))
+            self._cond.notify()
+        return ticket
+
+    async def run(self, ticket: BatchTicket, job: Job,
+                  gone: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[str]:
+        """Yield the request's text pieces as its rounds emit them; `ticket.result` at the end.
+        `gone` (non-streamed requests) is polled while waiting."""
+        assert ticket.pieces is not None
+        try:
+            while True:
+                if gone is None:
+                    text, result, error = await ticket.pieces.get()
+                else:
+                    try:
+                        text, result, error = await asyncio.wait_for(ticket.pieces.get(), POLL_S)
+                    except asyncio.TimeoutError:
+                        if await gone():
+                            raise ClientGone from None
+                        continue
+                if error is not None:
+                    raise ApiError(400, error)
+                now = perf_counter()
+                if text:
+                    if ticket.first_piece is None:
+                        ticket.first_piece = now
+                        self.metrics.first_token.observe(now - ticket.arrived)
+                    elif ticket.last_piece is not None:
+                        self.metrics.inter_token.observe(now - ticket.last_piece)
+                    ticket.last_piece = now
+                    yield text
+                if result is not None:
+                    ticket.result = result
+                    return
+        finally:
+            self.finish(ticket, job)
+
+    def finish(self, ticket: BatchTicket, job: Job | None = None) -> None:
+        """The request is over (answered, or its client left): free its slot at the next
+        round. Idempotent; never awaits."""
+        if ticket.finished:
+            return
+        ticket.finished = True
+        if ticket.result is not None:
+            self.metrics.observe_generation(ticket.result)
+            if ticket.admitted is not None:
+                self.metrics.observe_service(perf_counter() - ticket.admitted)
+            return
+        with self._cond:
+            self._leaving.append(ticket)
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._worker.join(timeout=30)
+        self.batch.close()
+
+    # -- the worker thread -----------------------------------------------------------------
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._closed or self._inbox or self._leaving or self.batch.active):
+                    self._cond.wait()
+                if self._closed:
+                    return
+                joining, self._inbox = list(self._inbox), deque()
+                leaving, self._leaving = self._leaving, []
+            for ticket, job in joining:
+                if ticket.finished:                     # left before it was added
+                    continue
+                try:
+                    ticket.seq_id = self.batch.add(job.ids, **job.options)
+                except SsdError as exc:
+                    self._deliver(ticket, "", None, str(exc))
+                    continue
+                self._tickets[ticket.seq_id] = ticket
+            for ticket in leaving:
+                if ticket.seq_id is not None:
+                    self.batch.cancel(ticket.seq_id)
+            try:
+                events = self.batch.step()
+            except Exception as exc:                    # a bug: fail its requests, go on
+                log.exception("a batch round failed")
+                for ticket in list(self._tickets.values()):
+                    self.batch.cancel(ticket.seq_id)
+                    self._deliver(ticket, "", None, f"generation failed: {exc}")
+                self._tickets.clear()
+                continue
+            if self.batch.sizes:
+                self.metrics.batch_size.observe(self.batch.sizes[-1])
+                self.batch.sizes.clear()
+            for seq in self.batch.slots:                # admitted this round: the queue wait
+                ticket = self._tickets.get(seq.id) if seq is not None else None
+                if ticket is not None and ticket.admitted is None:
+                    ticket.admitted = perf_counter()
+                    self.metrics.queue_wait.observe(ticket.admitted - ticket.arrived)
+            for event in events:
+                ticket = self._tickets.get(event.id)
+                if ticket is None:
+                    continue
+                if event.result is not None:
+                    del self._tickets[event.id]
+                self._deliver(ticket, event.text, event.result, None)
+
+    @staticmethod
+    def _deliver(ticket: BatchTicket, text: str, result, error: str | None) -> None:
+        assert ticket.loop is not None and ticket.pieces is not None
+        try:
+            ticket.loop.call_soon_threadsafe(ticket.pieces.put_nowait, (text, result, error))
+        except RuntimeError:                            # the event loop is gone (shutdown)
+            pass

@@ -1,0 +1,219 @@
+"""Batches are lossless per sequence: each sequence's output in a batch is what it gives alone.
+
+Greedy: token-identical to the same prompt decoded alone at k=0 and to Hugging Face generate,
+whatever its neighbours (other lengths, settings, EOS rounds, joining and leaving, one at the
+context end). Seeded sampling: the tokens it gives alone. Unseeded sampling: the exact
+distribution (chi-square against enumeration) beside neighbours with other settings.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ssd_runtime import ConfigError, Generator
+
+from test_lossless import prompt_ids
+from test_sampling import PROMPT, SETTINGS, chi_square_p, exact_joint, first_two
+
+NEW = 24
+# (target, draft, graph): the default flavour ("ort" where it fits; ALiBi stays standard) and
+# the standard one that GPU bundles carry; sliding windows, learned positions, full acceptance
+PAIRS = [("llama", "llama_cut", "auto"), ("llama", "llama", "auto"),
+         ("mistral", "mistral_cut", "auto"), ("qwen2", "qwen2_cut", "auto"),
+         ("falcon_alibi", "falcon_alibi_cut", "auto"),
+         ("llama", "llama_cut", "standard"), ("mistral", "mistral_cut", "standard"),
+         ("gpt2", "opt_cut", "standard")]
+
+
+@pytest.fixture(scope="module")
+def hf_reference(models):
+    """Hugging Face greedy continuations of prompts of 1, 7 and 40 tokens, per target."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ref = {}
+    for target in {t for t, _, _ in PAIRS}:
+        model = AutoModelForCausalLM.from_pretrained(models[target]).eval()
+        for n in (1, 7, 40):
+            ids = torch.tensor([prompt_ids(n)])
+            out = model.generate(ids, max_new_tokens=NEW, do_sample=False, pad_token_id=2,
+                                 attention_mask=torch.ones_like(ids))
+            ref[target, n] = out[0, n:].tolist()
+    return ref
+
+
+def batch_prompts() -> list[dict]:
+    """Six prompts for four slots: two join when others leave. Lengths 1, 7, 40; own
+    max_new_tokens (they leave at different rounds); one made to end early on EOS by a bias
+    on an EOS id; one capped at k=0."""
+    return [dict(prompt=prompt_ids(7), max_new_tokens=NEW),
+            dict(prompt=prompt_ids(1), max_new_tokens=5),
+            dict(prompt=prompt_ids(40), max_new_tokens=NEW),
+            dict(prompt=prompt_ids(7)[:4], max_new_tokens=9, k=0),
+            dict(prompt=prompt_ids(40)[:20], max_new_tokens=NEW, logit_bias={1: 6.0}),
+            dict(prompt=prompt_ids(1) + [9, 9], max_new_tokens=NEW - 3)]
+
+
+@pytest.mark.parametrize("target,draft,graph", PAIRS, ids=[f"{t}+{d}-{g}" for t, d, g in PAIRS])
+def test_batch_equals_each_sequence_alone(bundle_factory, hf_reference, target, draft, graph):
+    gen = Generator.load(bundle_factory(target, draft, graph=graph), max_batch=4, threads=1)
+    prompts = batch_prompts()
+    alone = []
+    for p in prompts:
+        p = dict(p)
+        alone.append(gen.generate(p.pop("prompt"), **{**p, "k": 0}))
+    for n, res in zip((7, 1, 40), (alone[0], alone[1], alone[2])):   # k=0 alone is HF's
+        assert res.token_ids == hf_reference[target, n][:len(res.token_ids)]
+    assert alone[4].stop_reason == "eos" and len(alone[4].token_ids) < NEW, \
+        "the biased prompt should end early on EOS"
+    for k in (0, 3, "auto"):
+        batch = gen.generate_batch(prompts, k=k)
+        for i, (got, want) in enumerate(zip(batch, alone)):
+            assert got.token_ids == want.token_ids, f"k={k}: prompt {i} differs in the batch"
+            assert got.stop_reason == want.stop_reason
+            assert got.text == want.text
+        if k == 3 and draft == target:
+            assert sum(r.stats.accepted for r in batch) > 0
+
+
+@pytest.mark.parametrize("graph", ["auto", "standard"])
+def test_a_sequence_reaching_the_context_end_leaves_the_others_right(bundle_factory, graph):
+    gen = Generator.load(bundle_factory("llama", "llama_cut", max_context=64, graph=graph),
+                         max_batch=3, threads=1)
+    prompts = [prompt_ids(40)[:50], prompt_ids(7), prompt_ids(1)]
+    alone = [gen.generate(p, max_new_tokens=40, k=0) for p in prompts]
+    assert alone[0].stop_reason == "context"
+    for k in (2, "auto"):
+        batch = gen.generate_batch(prompts, max_new_tokens=40, k=k)
+        assert [r.token_ids for r in batch] == [r.token_ids for r in alone]
+        assert [r.stop_reason for r in batch] == [r.stop_reason for r in alone]
+
+
+def test_seeded_sampling_gives_the_tokens_it_gives_alone(bundle_factory):
+    gen = Generator.load(bundle_factory("llama", "llama_cut"), max_batch=4, threads=1)
+    prompts = [dict(prompt=prompt_ids(7), temperature=0.8, seed=1),
+               dict(prompt=prompt_ids(40), temperature=1.0, top_p=0.9, seed=2),
+               dict(prompt=prompt_ids(1), seed=3, temperature=1.2, top_k=20,
+                    repetition_penalty=1.3),
+               dict(prompt=prompt_ids(7)[:3])]                           # greedy beside them
+    alone = []
+    for p in prompts:
+        p = dict(p)
+        alone.append(gen.generate(p.pop("prompt"), max_new_tokens=NEW, k=0, **p).token_ids)
+    for k in (4, "auto"):
+        assert [r.token_ids for r in gen.generate_batch(prompts, max_new_tokens=NEW, k=k)] == alone
+
+
+@pytest.fixture(scope="module")
+def small_batch(small_vocab_bundle):
+    bundle, target_dir = small_vocab_bundle
+    return Generator.load(bundle, max_batch=4, threads=1), target_dir
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_unseeded_sampling_in_a_batch_follows_the_target(small_batch, k):
+    """Two sequences of one setting sampled beside two of other settings (rejection rule)."""
+    gen, target_dir = small_batch
+    setting, other = SETTINGS[1], SETTINGS[2]
+    joint = exact_joint(target_dir, setting)
+    counted = dict(prompt=PROMPT, coupling="rejection", **setting)
+    beside = dict(prompt=PROMPT[:2], coupling="rejection", max_new_tokens=3, **other)
+    samples = []
+    for _ in range(750):
+        res = gen.generate_batch([counted, beside, counted, beside], max_new_tokens=k + 1, k=k)
+        samples += [first_two(res[0].token_ids), first_two(res[2].token_ids)]
+    p = chi_square_p(samples, joint)
+    assert p > 1e-3, f"batched samples do not follow the target (chi-square p={p:.2g})"
+
+
+def test_the_step_api_joins_cancels_and_streams(bundle_factory):
+    gen = Generator.load(bundle_factory("llama", "llama_cut"), max_batch=2, threads=1)
+    want = {n: gen.generate(prompt_ids(n), max_new_tokens=NEW, k=0) for n in (1, 7, 40)}
+    texts: dict[int, str] = {}
+    results = {}
+    with gen.batch(k=3) as batch:
+        a = batch.add(prompt_ids(7), max_new_tokens=NEW)
+        b = batch.add(prompt_ids(40), max_new_tokens=NEW)
+        c = batch.add(prompt_ids(1), max_new_tokens=NEW)        # waits: two slots
+        assert batch.active == 3
+        rounds = 0
+        while batch.active:
+            for event in batch.step():
+                texts[event.id] = texts.get(event.id, "") + event.text
+                if event.result is not None:
+                    results[event.id] = event.result
+            rounds += 1
+            if rounds == 2:
+                assert batch.cancel(b)                           # frees its slot for c
+        assert not batch.cancel(12345)
+    assert results[b].stop_reason == "cancelled"
+    assert results[b].token_ids == want[40].token_ids[:len(results[b].token_ids)]
+    for seq, n in ((a, 7), (c, 1)):
+        assert results[seq].token_ids == want[n].token_ids
+        assert texts[seq] == results[seq].text == want[n].text
+    gen.generate(prompt_ids(7), max_new_tokens=4)               # the generator is free again
+
+
+def test_bad_batches_are_refused_by_name(bundle_factory, tmp_path):
+    path = bundle_factory("llama", "llama_cut", max_context=64)
+    gen = Generator.load(path, max_batch=2, threads=1)
+    with pytest.raises(ConfigError, match="non-empty list"):
+        gen.generate_batch([])
+    with pytest.raises(ConfigError, match="non-empty list"):
+        gen.generate_batch("one prompt")
+    res = gen.generate_batch([prompt_ids(7), list(range(3, 80)), dict(prompt=prompt_ids(1),
+                                                                      temperature=-1.0),
+                              dict(max_new_tokens=3), prompt_ids(1)], max_new_tokens=8, k=2)
+    assert [r.stop_reason for r in res] == ["length", "error", "error", "error", "length"]
+    assert "max_context" in res[1].error and "temperature" in res[2].error
+    assert "no 'prompt'" in res[3].error
+    assert res[0].token_ids == gen.generate(prompt_ids(7), max_new_tokens=8, k=0).token_ids
+    split = gen.generate_batch([prompt_ids(7)], mode="split")[0]
+    assert split.stop_reason == "error" and "sequential mode only" in split.error
+    with pytest.raises(ConfigError, match="max_batch=17 is more than"):
+        Generator.load(path, max_batch=17)
+    with pytest.raises(ConfigError, match="positive integer"):
+        Generator.load(path, max_batch=0)
+    with gen.batch() as batch:                                   # one user at a time
+        with pytest.raises(ConfigError, match="already decoding"):
+            gen.generate(prompt_ids(7), max_new_tokens=2)
+        batch.add(prompt_ids(7), max_new_tokens=2)
+    # a bundle from before schema 6 took one sequence per call
+    import shutil
+
+    old = tmp_path / "old"
+    shutil.copytree(path, old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    manifest["schema_version"] = 5
+    del manifest["max_batch"]
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    Generator.load(old, threads=1).generate(prompt_ids(7), max_new_tokens=2)
+    with pytest.raises(ConfigError, match="before schema 6.*--max-batch 4"):
+        Generator.load(old, max_batch=4)
+
+
+def test_batch_cost_model_prices_each_batch_size(bundle_factory):
+    """k under load: the draft step and verification are measured per batch size, the
+    chosen k maximises the batch's expected tokens per second, and falls to 0 when a draft
+    step costs as much as a verification (speculation no longer pays)."""
+    from ssd_runtime.batch import BatchCost
+    from ssd_runtime.perf import Acceptance
+
+    gen = Generator.load(bundle_factory("llama", "llama_cut"), max_batch=4, threads=1)
+    with gen.batch() as batch:
+        for rows in (1, 3):
+            cost = batch.cost(rows)
+            assert cost.rows == (1 if rows == 1 else 4)
+            assert cost.draft_step > 0 and cost.verify_time(1) > 0
+            assert batch.cost(rows) is cost                      # measured once
+        batch.add(prompt_ids(7))
+        batch.step()
+        run = batch._running()
+        for seq in run:
+            seq.acceptance = Acceptance(accepted=90.0, rejected=10.0)   # α = 0.9
+        gen._batch_costs[1] = BatchCost(1, 0.01e-3, ((1, 1e-3), (9, 1.2e-3)))
+        assert batch._batch_k(run, 1) == gen.manifest.max_draft
+        gen._batch_costs[1] = BatchCost(1, 1e-3, ((1, 1e-3), (9, 9e-3)))  # compute-bound
+        assert batch._batch_k(run, 1) == 0
