@@ -1,4 +1,4 @@
-"""The one decoder wrapper that gets traced: the graph contract of DESIGN.md.
+"""The one decoder wrapper that gets traced: the graph contract of docs/design.md §2.
 
     inputs   input_ids (B,T), position_ids (B,T), past_key.i / past_value.i (B,P,Hkv,D)
     outputs  logits (B,T,V), new_key.i / new_value.i (B,T,Hkv,D)

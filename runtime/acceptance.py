@@ -1,6 +1,6 @@
 """Acceptance rules: how draft tokens are picked and how the target judges them.
 
-Greedy and sampling differ only here (STYLE.md rule 3): the loop calls
+Greedy and sampling differ only here (CONTRIBUTING.md, house style 3): the loop calls
 `draft_pick` for each draft step and `verify` once per round. Sampling
 follows Leviathan et al. / Chen et al. and leaves the target's distribution
 exactly unchanged.

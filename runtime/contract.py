@@ -1,6 +1,6 @@
 """Names of the graph contract shared by exporter, runtime and tests.
 
-See DESIGN.md, "The graph contract". The runtime owns these names; the
+See docs/design.md §2. The runtime owns these names; the
 exporter imports them so that both sides always agree.
 """
 from __future__ import annotations

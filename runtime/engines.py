@@ -60,7 +60,7 @@ class Profile:
 
 def engine_profiles(model: str, max_context: int, max_draft: int,
                     prefill_chunk: int) -> tuple[Profile, Profile]:
-    """Profile 0 serves decode calls, profile 1 prefill chunks (DESIGN.md, "Backends").
+    """Profile 0 serves decode calls, profile 1 prefill chunks (docs/design.md §9).
 
     decode: new_len 1 … max_draft+2 (a verify pass of k+1 tokens, or a draft step with
     its catch-up token); prefill: new_len 1 … the runtime's prefill chunk. past_len spans

@@ -1,4 +1,4 @@
-"""The draft → verify → correct loop of DESIGN.md, batch 1.
+"""The draft → verify → correct loop of docs/design.md §4, batch 1.
 
 `decode` yields the tokens each round emits. It owns the two lengths: the
 target's rows advance by j + 1 per round, the draft's rows stay at what is

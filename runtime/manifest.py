@@ -1,6 +1,6 @@
 """The bundle manifest: schema, reading with validation, checksums.
 
-The runtime trusts this file alone (DESIGN.md, "The bundle"); the exporter
+The runtime trusts this file alone (docs/design.md §8); the exporter
 writes it through `Manifest.to_dict` so that both sides share one schema.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The performance model of DESIGN.md and the adaptive-k scheduler built on it.
+"""The performance model of docs/design.md §6 and the adaptive-k scheduler built on it.
 
     speed-up(k) = (1 - α^(k+1)) / (1 - α)  /  (c₁ + (k-1)·c + v(k))
 
@@ -6,7 +6,7 @@ c = draft step / target step, v(k) = verify of k+1 tokens / target step, both
 measured once by `calibrate`; α is tracked online from accepted counts. c₁ prices
 the first draft step of a round apart: it runs right after the target's pass, on
 caches the target has just filled, and measures up to twice c on CPUs (with c₁ = c
-this is DESIGN.md's k·c + v(k)).
+this is the first design's k·c + v(k); docs/design.md §6).
 """
 from __future__ import annotations
 

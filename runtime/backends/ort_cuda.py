@@ -1,6 +1,6 @@
 """ONNX Runtime's CUDA execution provider with IOBinding to device arenas (backend "cuda").
 
-The same zero-copy binding as the CPU session (DESIGN.md), on OrtValues allocated
+The same zero-copy binding as the CPU session (docs/design.md §3), on OrtValues allocated
 on the GPU; forward() returns DeviceLogits, so logits never leave the device
 unless host code asks for a row. Needs onnxruntime-gpu *instead of* onnxruntime.
 """

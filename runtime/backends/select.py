@@ -1,4 +1,4 @@
-"""Which backend to open: TensorRT, then ORT CUDA, then ORT CPU (DESIGN.md, "Backends").
+"""Which backend to open: TensorRT, then ORT CUDA, then ORT CPU (docs/design.md §9).
 
 `plan()` is a pure function of `Facts` (what is installed, which GPU, which
 engines the bundle has), so tests decide with injected facts instead of GPUs;

@@ -2,7 +2,7 @@
 
 The only runtime module that imports `tensorrt` and cuda-python, and only inside
 functions, so importing it costs nothing. KV arenas live on the device with the
-zero-copy binding of DESIGN.md: the past is the prefix of each layer's buffer and
+zero-copy binding of docs/design.md §3: the past is the prefix of each layer's buffer and
 the new rows are written at row past_len. TensorRT wants every tensor address
 256-byte aligned, so that binding needs rows of a multiple of 256 bytes (true for
 real models: Hkv·D·2 bytes); otherwise new rows land in a scratch buffer and are
