@@ -2,7 +2,8 @@
 
 Projections (separate or fused in either layout), optional q/k norms, RoPE,
 grouped-query attention against the sequence-major past (B, P, Hkv, D), score
-soft-capping, ALiBi bias and the causal / sliding-window mask.
+soft-capping, ALiBi bias and the causal / sliding-window mask. Rows of a batch may have
+different past lengths (key_positions: each row's own is position_ids[b, 0]).
 """
 from __future__ import annotations
 
@@ -29,12 +30,41 @@ class Heads:
         return self.num_heads // self.num_kv_heads
 
 
-def causal_mask(query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None) -> torch.Tensor:
-    """Additive mask (B, 1, 1, T, S): key visible iff key <= query (and within the window)."""
+def key_positions(position_ids: torch.Tensor, past_len) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row key positions and validity, both (B, S) with S = P + T: the ragged batch contract.
+
+    Row b's own past length is p_b = position_ids[b, 0] <= P (the runtime may bind a slot's
+    whole cache, P = max_context); past rows at or beyond p_b are stale (a rejected draft, an
+    earlier sequence, zeros) and never visible. The new keys sit at the row's own positions.
+
+        key index   0 ...... p_b-1 | p_b ...... P-1 | P .................. P+T-1
+        position    0 ...... p_b-1 | (stale)        | position_ids[b, 0 .. T-1]
+        valid       yes            | no             | yes
+
+    For one row with P == p_b this is arange(P + T), every key valid.
+    """
+    B = position_ids.shape[0]
+    past = torch.arange(past_len, device=position_ids.device)[None, :].expand(B, -1)  # (B, P)
+    key_pos = torch.cat((past, position_ids), dim=1)                # (B, S)
+    valid = torch.cat((past < position_ids[:, :1],                  # (B, P): j < p_b
+                       torch.ones_like(position_ids, dtype=torch.bool)), dim=1)
+    return key_pos, valid
+
+
+def causal_mask(query_pos: torch.Tensor, key_pos: torch.Tensor, key_valid: torch.Tensor,
+                window: int | None) -> torch.Tensor:
+    """Additive mask (B, 1, 1, T, S) from query positions (B, T) and key positions and
+    validity (B, S): key visible iff valid and key <= query (and within the window).
+
+    Finite (_NEG), so that a masked score still rounds to exactly 0 after softmax; stale rows
+    may hold any values whose scores q·k are finite (the runtime zero-fills its arenas, and
+    what it writes there are this model's own keys and values).
+    """
     q = query_pos[:, :, None]                                       # (B, T, 1)
-    visible = key_pos[None, None, :] <= q                           # (B, T, S)
+    k = key_pos[:, None, :]                                         # (B, 1, S)
+    visible = key_valid[:, None, :] & (k <= q)                      # (B, T, S)
     if window is not None:
-        visible = visible & (q - key_pos[None, None, :] < window)
+        visible = visible & (q - k < window)
     zero = torch.zeros((), dtype=torch.float32)
     neg = torch.full((), _NEG, dtype=torch.float32)
     return torch.where(visible, zero, neg)[:, None, None, :, :]

@@ -3,6 +3,16 @@
     inputs   input_ids (B,T), position_ids (B,T), past_key.i / past_value.i (B,P,Hkv,D)
     outputs  logits (B,T,V), new_key.i / new_value.i (B,T,Hkv,D)
 
+Rows of a batch are ragged: row b's tokens sit at positions p_b .. p_b+T-1 with its own past
+length p_b = position_ids[b, 0] <= P; past rows p_b .. P-1 are stale and masked, so the
+runtime may bind each slot's whole cache (P = max_context). A row with fewer real tokens
+than T is padded at the end, at the following positions; causality keeps the real tokens
+from seeing the padding, whose outputs are ignored.
+
+    key index   0 ...... p_b-1 | p_b ...... P-1 | P ............ P+T-1
+    position    0 ...... p_b-1 | (stale: never) | p_b .......... p_b+T-1
+                (causal and within the window, by position, as usual)
+
 In the "ort" flavour (contract.py) the caches are whole head-major buffers
 (B,Hkv,max_context,D) in and `present_key.i` / `present_value.i` out, updated in place by
 ONNX Runtime's GroupQueryAttention (ort_ops.py).
@@ -19,7 +29,7 @@ from ssd_runtime.errors import ConfigError
 from torch import nn
 
 from .adapters import Adapter, get_path, sliding_windows
-from .attention import Heads, OrtAttention, attention, causal_mask
+from .attention import Heads, OrtAttention, attention, causal_mask, key_positions
 from .moe import check_moe, cost_note, kernel_refusal, kernel_weights, moe, moe_block
 from .positions import Rope, alibi_bias, alibi_slopes, log_position_scale
 
@@ -85,11 +95,12 @@ class Decoder(nn.Module):
         if self.flavour == contract.ORT:
             return self._forward_ort(x, position_ids, past)
         tables = {key: rope.tables(position_ids, x.dtype) for key, rope in self.ropes.items()}
-        past_len = past[0].shape[1]
-        key_pos = torch.arange(past_len + input_ids.shape[1], device=input_ids.device)  # (S,)
-        masks = {w: causal_mask(position_ids, key_pos, w) for w in set(self.windows)}  # (B,1,1,T,S)
+        # each row's own past length is position_ids[b, 0]; rows past it are stale
+        key_pos, key_valid = key_positions(position_ids, past[0].shape[1])        # (B, S)
+        masks = {w: causal_mask(position_ids, key_pos, key_valid, w)              # (B,1,1,T,S)
+                 for w in set(self.windows)}
         alibi = None
-        if a.positions == "alibi":                                  # (1, Hkv, G, 1, S)
+        if a.positions == "alibi":                                  # (B, Hkv, G, 1, S)
             dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(a.alibi_dtype,
                                                                               x.dtype)
             alibi = alibi_bias(self.alibi_slopes, key_pos, dtype)

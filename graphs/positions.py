@@ -104,7 +104,10 @@ def alibi_slopes(num_heads: int, bfloat16: bool = True) -> torch.Tensor:
 
 
 def alibi_bias(slopes: torch.Tensor, key_pos: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """slopes (Hkv, G), key positions (S,) -> additive bias (1, Hkv, G, 1, S), float32.
+    """slopes (Hkv, G), key positions (B, S) -> additive bias (B, Hkv, G, 1, S), float32.
+
+    Key positions are per row (attention.key_positions): rows of a batch have their own past
+    lengths, so their new keys sit at their own positions.
 
     The bias is computed in `dtype` as Hugging Face does: bfloat16 for Falcon (positions
     rounded to bfloat16, product rounded again), the model's dtype for BLOOM (a float32
@@ -112,11 +115,11 @@ def alibi_bias(slopes: torch.Tensor, key_pos: torch.Tensor, dtype: torch.dtype) 
     float32 arithmetic. (MPT's bias is slope·(key - last key): a constant per query away,
     which softmax ignores.)
     """
-    pos = key_pos.float()                                            # (S,)
+    pos = key_pos.float()                                            # (B, S)
     if dtype == torch.bfloat16:
         pos = pos.to(torch.bfloat16).float()
-    bias = (slopes[:, :, None] * pos).to(dtype).float()              # (Hkv, G, S)
-    return bias[None, :, :, None, :]
+    bias = (slopes[None, :, :, None] * pos[:, None, None, :]).to(dtype).float()  # (B, Hkv, G, S)
+    return bias[:, :, :, None, :]
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
