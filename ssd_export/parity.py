@@ -193,3 +193,36 @@ def _reference_attention(model: Any, role: str) -> Iterator[None]:
         yield
     finally:
         model.config._attn_implementation = current
+
+
+def check_batch(root: Path, manifest: Any, role: str, rows: int = 3, seed: int = 0) -> float:
+    """The graph as the runtime batches it (docs/design.md §11): rows at different past
+    lengths with different numbers of real new tokens in one call give each row's logits as
+    that row alone does. Returns the largest difference; raises ParityError past tolerance."""
+    from ssd_runtime.backends.ort import OrtCpuSession
+
+    entry = getattr(manifest, role)
+    rows = min(rows, manifest.max_batch)
+    width = min(3, manifest.max_draft + 1)
+    pasts = [min(p, manifest.max_context - width) for p in (1, 5, 12)][:rows]
+    session = OrtCpuSession(role, root / entry.path, entry, manifest.max_context,
+                            manifest.max_draft + 2, threads=1, max_batch=rows)
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, entry.vocab_size, size=(rows, max(pasts) + width), dtype=np.int64)
+    real = np.asarray([width - b % width for b in range(rows)], np.int64)   # 3, 2, 1 real
+    for b, past in enumerate(pasts):
+        session.prefill(ids[b, :past], 0, slot=b)
+    batch_ids = np.stack([ids[b, pasts[b]:pasts[b] + width] for b in range(rows)])
+    together = session.forward_rows(batch_ids, np.asarray(pasts, np.int64), real).copy()
+    worst = 0.0
+    abs_tol, rel_tol = _TOLERANCE[entry.kv_dtype]
+    for b, past in enumerate(pasts):
+        alone = session.forward(batch_ids[b, :real[b]], past, slot=b)
+        diff = float(np.abs(together[b, :real[b]] - alone).max())
+        worst = max(worst, diff)
+        if not np.isfinite(diff) or diff > abs_tol + rel_tol * float(np.abs(alone).max()):
+            raise ParityError(f"{role} graph {root / entry.path}: in a batch, row {b} (past "
+                              f"{past}, {real[b]} new tokens) differs from the same row alone "
+                              f"by {diff:.3g} in the logits. ---> HINT: export with "
+                              f"--max-batch 1, and report this model.")
+    return worst

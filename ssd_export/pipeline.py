@@ -24,7 +24,7 @@ from .engines import export_engines, require_tensorrt
 from .loading import LoadedModel, check_architecture, load_model
 from .pair import (added_ids, chat_template, check_vocabularies, eos_ids,
                    generation_defaults, special_tokens, text_settings)
-from .parity import check_parity
+from .parity import check_batch, check_parity
 from .quantize import BITS, check_request, quantize_draft
 
 
@@ -107,6 +107,10 @@ def export_bundle(config: ExportConfig) -> Manifest:
             heads=heads, build=_build_info(config), generation=generation,
             max_batch=config.max_batch,
         )
+        if config.max_batch > 1:
+            with log.stage("check batches of rows at their own lengths"):
+                for role in ("target", "draft"):
+                    check_batch(root, manifest, role)
         engines = export_engines(root, manifest, config.engines, config.engine_precision, log,
                                  config.output)
         with log.stage("write the manifest"):
