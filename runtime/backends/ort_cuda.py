@@ -14,7 +14,8 @@ import numpy as np
 from ..errors import BackendError
 from ..manifest import ModelEntry
 from .device import DeviceLogits
-from .ort import _DTYPES, OrtCpuSession, session_options
+from .base import DTYPES
+from .ort import OrtCpuSession, session_options
 from .select import CUDA_PROVIDER, GPU_BUNDLE_HINT, ORT_GPU_HINT
 
 INSTALL_HINT = f"---> HINT: {ORT_GPU_HINT}, with an NVIDIA driver that nvidia-smi shows."
@@ -83,7 +84,7 @@ class OrtCudaSession(OrtCpuSession):
         self.values = [OrtValue.ortvalue_from_shape_and_type(shape, self.kv_dtype, *dev)
                        for _ in range(e.num_layers)]
         self.logits = OrtValue.ortvalue_from_shape_and_type(          # (1, max_new_len, V)
-            (1, self.max_new_len, e.vocab_size), _DTYPES[e.logits_dtype], *dev)
+            (1, self.max_new_len, e.vocab_size), DTYPES[e.logits_dtype], *dev)
 
     def _kv_ptrs(self, layer: int) -> tuple[int, int]:
         return self.keys[layer].data_ptr(), self.values[layer].data_ptr()

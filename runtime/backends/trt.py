@@ -18,8 +18,8 @@ from .. import contract
 from ..engines import DECODE, PREFILL, GpuInfo, Profile
 from ..errors import BackendError
 from ..manifest import EngineEntry, ModelEntry
+from .base import DTYPES
 from .device import DeviceLogits
-from .ort import _DTYPES
 
 ALIGNMENT = 256       # bytes; IExecutionContext::setTensorAddress requires it
 CUDA_PYTHON_HINT = ("---> HINT: pip install 'cuda-python>=12.3,<13' (cuda-python 13 needs "
@@ -273,7 +273,7 @@ class TrtSession:
                                f"missing {sorted(wanted - found)[:3]}, extra "
                                f"{sorted(found - wanted)[:3]}. ---> HINT: rebuild the engines "
                                f"with ssd-build-engines --force.")
-        kv = _DTYPES[e.kv_dtype]
+        kv = DTYPES[e.kv_dtype]
         expect = {contract.past_key(0): kv, contract.new_key(0): kv, contract.LOGITS: np.float32}
         for tensor, dtype in expect.items():
             have = np.dtype(trt.nptype(engine.get_tensor_dtype(tensor)))
@@ -299,7 +299,7 @@ class TrtSession:
 
     def _allocate(self) -> None:
         e = self.entry
-        itemsize = np.dtype(_DTYPES[e.kv_dtype]).itemsize
+        itemsize = np.dtype(DTYPES[e.kv_dtype]).itemsize
         self.row_bytes = e.num_kv_heads * e.head_dim * itemsize
         self.in_place = in_place_kv(self.row_bytes)
         self.prefill_chunk = self.profiles[PREFILL].new_len[2]
