@@ -276,6 +276,7 @@ def test_ort_flavour_and_tensorrt_refuse_each_other_naming_the_fix(models, bundl
     assert (ort_bundle / "manifest.json").read_bytes() == before
 
 
+@pytest.mark.slow
 def test_alibi_falls_back_to_the_standard_graph_under_auto_and_says_why(models, tmp_path):
     out = tmp_path / "bundle"
     proc = run("-m", "ssd_export.cli", "--target", str(models["falcon_alibi"]), "--draft",

@@ -58,6 +58,7 @@ ARCHS = ["qwen3", "phi3", "gemma", "gemma2", "gpt2", "gpt_neox", "opt", "falcon"
          "falcon_alibi"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_architecture_takes_an_int8_draft_without_changing_the_output(bundle_factory,
                                                                              arch):

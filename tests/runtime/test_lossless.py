@@ -67,6 +67,7 @@ def hf_reference(models):
     return ref
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target,draft,graph", RUNS, ids=[f"{t}+{d}-{g}" for t, d, g in RUNS])
 def test_speculative_equals_target_and_hugging_face(bundle_factory, hf_reference, target, draft,
                                                     graph):
@@ -100,6 +101,7 @@ def test_stop_at_eos(bundle_factory):
         assert res.token_ids == plain[:first + 1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("draft", ["llama_cut", "llama"])
 def test_stop_at_max_context(bundle_factory, hf_reference, draft):
     """Both modes end at the context's last row; with the target as its own draft every split

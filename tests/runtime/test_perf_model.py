@@ -172,6 +172,7 @@ def test_top_probability_is_the_softmax_maximum():
     assert top_probability(np.full(300, np.nan, np.float32), scratch) == 0.0
 
 
+@pytest.mark.slow
 def test_auto_on_a_real_bundle(bundle_factory):
     gen = Generator.load(bundle_factory("llama", "llama"))   # the target is its own draft
     cost = gen.cost_model()
