@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 DEMO   ?= demo
 
-.PHONY: demo demo-pair bench test install clean
+.PHONY: demo demo-pair bench test test-fast install clean
 
 install: $(VENV)/.installed
 
@@ -39,6 +39,11 @@ bench: demo
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# The fast subset for every change: leaves out the tests marked slow (exports of every
+# architecture, Hugging Face references, Ray); `make test` runs everything.
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow"
 
 clean:
 	rm -rf $(VENV) $(DEMO)

@@ -91,7 +91,7 @@ def _gemma3(config: Any) -> Adapter:
                    logit_softcap=config.final_logit_softcapping)
 
 
-def _granite(config: Any) -> Adapter:
+def granite(config: Any) -> Adapter:
     # Llama with multipliers: embeddings, both residual branches, logits (divided);
     # the attention multiplier is the attention module's `scaling`.
     return Adapter(embed_scale=config.embedding_multiplier,
@@ -217,7 +217,7 @@ def _ernie4_5(config: Any) -> Adapter:
     return Adapter(rope_interleaved=True, rope_precision="float32")
 
 
-def _hunyuan_dense(config: Any) -> Adapter:
+def hunyuan_dense(config: Any) -> Adapter:
     # per-head q/k norms applied after RoPE
     return Adapter(q_norm="query_layernorm", k_norm="key_layernorm", qk_norm_after_rope=True)
 
@@ -242,7 +242,7 @@ DENSE = {
     "OPTForCausalLM": _opt, "FalconForCausalLM": _falcon,
     "Gemma3ForCausalLM": _gemma3,
     "Starcoder2ForCausalLM": _llama,
-    "GraniteForCausalLM": _granite,
+    "GraniteForCausalLM": granite,
     "Olmo2ForCausalLM": _olmo2,
     "SmolLM3ForCausalLM": _smollm3,
     "PhiForCausalLM": _phi,
@@ -260,7 +260,7 @@ DENSE = {
     "SeedOssForCausalLM": _llama,
     "Cohere2ForCausalLM": _cohere2,
     "VaultGemmaForCausalLM": _vaultgemma,
-    "HunYuanDenseV1ForCausalLM": _hunyuan_dense,
+    "HunYuanDenseV1ForCausalLM": hunyuan_dense,
     "Ministral3ForCausalLM": _ministral3,
 }
 

@@ -7,7 +7,7 @@ from typing import Any
 from ssd_runtime.errors import ConfigError
 
 from .adapters import Adapter, LatentSpec, MoeSpec
-from .families import _granite, _hunyuan_dense
+from .families import granite, hunyuan_dense
 
 
 def _qwen_sparse_layers(config: Any) -> tuple[int, ...]:
@@ -52,7 +52,7 @@ def _granite_moe(config: Any) -> Adapter:
     # top-k logits, which is the renormalised top-k of the softmax. GraniteMoeShared adds a
     # dense MLP on the layer (not in the block) summed with it
     shared = "shared_mlp" if getattr(config, "shared_intermediate_size", 0) else None
-    return replace(_granite(config), moe=MoeSpec(
+    return replace(granite(config), moe=MoeSpec(
         layers=tuple(range(config.num_hidden_layers)), top_k=config.num_experts_per_tok,
         renormalise=True, activation=config.hidden_act, block=None,
         router="block_sparse_moe.router", experts="block_sparse_moe.experts",
@@ -95,7 +95,7 @@ def _hunyuan_moe(config: Any) -> Adapter:
                           f"num_experts {config.num_experts}: ssd-export computes one top-k "
                           f"over one number of experts. ---> HINT: no fix short of a graph "
                           f"per layer setting; this checkpoint is not supported.")
-    return replace(_hunyuan_dense(config), moe=MoeSpec(
+    return replace(hunyuan_dense(config), moe=MoeSpec(
         layers=tuple(range(config.num_hidden_layers)), top_k=top_ks.pop(), renormalise=True,
         activation=config.hidden_act, router="gate.wg", float_weights=True,
         shared_expert="shared_mlp"))

@@ -102,10 +102,12 @@ def lint_file(path: Path, name: str | None = None) -> list[Finding]:
 def lint_model(model: onnx.ModelProto, name: str) -> list[Finding]:
     """Every finding for `model`: errors TensorRT 10 refuses; warnings it may refuse."""
     findings = _check_opset(model, name)
-    try:
+    try:         # inference is a help for dtypes, not a requirement: its failure is a warning
         model = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    except Exception:            # inference is a help for dtypes, not a requirement
-        pass
+    except onnx.shape_inference.InferenceError as exc:
+        findings.append(Finding(name, "(model)", "type inference", f"ONNX type inference failed "
+                                f"({str(exc).splitlines()[0] if str(exc) else 'no message'}), so "
+                                f"only declared types were checked", "warning"))
     graph = model.graph
     types = _types(graph)
     constants = _constants(graph)

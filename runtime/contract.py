@@ -6,6 +6,9 @@ exporter imports them so that both sides always agree.
 from __future__ import annotations
 
 INPUT_IDS = "input_ids"
+# The most tokens one prefill call carries: the runtime prefills in chunks of it, and
+# TensorRT engines are built with a prefill profile up to it.
+PREFILL_CHUNK = 256
 # Graph flavours. "standard": plain ONNX, sequence-major past (B, past_len, Hkv, D) in and the
 # new rows (B, new_len, Hkv, D) out: runs everywhere, TensorRT included. "ort": ONNX Runtime's
 # GroupQueryAttention contrib op over one head-major cache per layer (B, Hkv, max_context, D)

@@ -90,14 +90,23 @@ class SplitDrafter(SequentialDrafter):
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="ssd-draft")
         self.stop = threading.Event()
         self.pending: Future | None = None     # (tokens, probs) drafted after dk
-        self.ready: tuple[list[int], list] | None = None
+        self.ready: tuple[list[int], list, list] | None = None   # tokens, probs, what _keep saw
+        self.seen: list[tuple[np.ndarray | None, tuple[int, float] | None]] = []
 
     def propose(self, seq: list[int], k: int) -> tuple[list[int], list]:
         if self.ready is None:
             return super().propose(seq, k)
-        tokens, probs = self.ready              # drafted during the last verification
+        tokens, probs, seen = self.ready        # drafted during the last verification
         self.ready = None
-        m = min(k, len(tokens))
+        # the schedule judges a hit's tokens as it judges drafted ones, in order: it learns
+        # their confidence (its bins saw only misses' and sequential rounds' tokens) and its
+        # stopping rule may end the round early
+        m = 0
+        while m < min(k, len(tokens)):
+            m += 1
+            row, top = seen[m - 1]
+            if not self.schedule.keep_drafting(m, row, top):
+                break
         self.draft_len = len(seq) - 1 + m       # rows for last, r1..r(m-1) are valid
         return tokens[:m], probs[:m]
 
@@ -110,8 +119,15 @@ class SplitDrafter(SequentialDrafter):
             return
         self.stop.clear()
         self.bets += 1
-        self.pending = self.pool.submit(self._draft, [drafts[-1]], steps,
-                                        lambda *_: True, self.stop, tuple(drafts))
+        self.seen = []                          # each step's (last logits row, top), kept for
+        self.pending = self.pool.submit(self._draft, [drafts[-1]], steps,   # keep_drafting
+                                        self._keep, self.stop, tuple(drafts))
+
+    def _keep(self, drafted: int, logits, top) -> bool:
+        """A bet drafts all its steps; what keep_drafting needs of each is kept for a hit (the
+        row is copied only where the graph gives no top: logits live until the next call)."""
+        self.seen.append((None, top) if top is not None else (np.array(logits[-1])[None], None))
+        return True
 
     def settle(self, target_len: int, accepted_all: bool, next_token: int) -> None:
         if self.pending is None:
@@ -122,7 +138,7 @@ class SplitDrafter(SequentialDrafter):
         self.pending = None
         if accepted_all and len(tokens) > 1 and tokens[0] == next_token:
             self.hits += 1
-            self.ready = (tokens[1:], probs[1:])
+            self.ready = (tokens[1:], probs[1:], self.seen[1:])
         else:
             self.draft_len = min(self.draft_len, target_len)
 

@@ -45,9 +45,6 @@ class CostModel:
         """Expected tokens per unit time at draft length k, relative to k = 0."""
         return expected_tokens(alpha, k) / self.round_cost(k) * self.v(0)
 
-    def best_k(self, alpha: float, max_k: int) -> int:
-        return max(range(max_k + 1), key=lambda k: self.speedup(alpha, k))
-
     @classmethod
     def median(cls, models: Sequence[CostModel]) -> CostModel:
         """Each time the median of several calibrations' (a noisy machine's state moves)."""
@@ -320,7 +317,7 @@ class AdaptiveK:
         # in 3 rounds of 4; in replays the choice of 0.01 or 0.03 moved auto by under 0.5%.)
         alpha = min(self.alpha, 0.999)
         if abs(alpha - self._planned_alpha) > 0.03 or self._rounds >= 8:
-            self._plan, self._planned_alpha, self._rounds = self._make_plan(alpha), alpha, 0
+            self._plan, self._planned_alpha, self._rounds = self.plan(alpha), alpha, 0
         self._rounds += 1
         # The plan is only a cap: the stopping rule below ends the round where no more tokens
         # are worth their time and knows more than α does (each token's confidence), so a
@@ -329,7 +326,9 @@ class AdaptiveK:
         self._k, self._survive, self._tops = k, 1.0, []
         return k
 
-    def _make_plan(self, alpha: float) -> tuple[int, list[float]]:
+    def plan(self, alpha: float) -> tuple[int, list[float]]:
+        """The best k at this α (the one model of it: next_k caps rounds by it) and the
+        stopping rule's thresholds on P(survive), one per tokens drafted so far."""
         seconds, n = self.times.seconds, self.max_k
         rates = [expected_tokens(alpha, k) / seconds[k] for k in range(n + 1)]  # tokens/second
         best = max(range(n + 1), key=rates.__getitem__)

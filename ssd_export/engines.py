@@ -13,7 +13,7 @@ from pathlib import Path
 from time import perf_counter, strftime
 from typing import Literal
 
-from ssd_runtime.backends.ort import PREFILL_CHUNK
+from ssd_runtime import contract
 from ssd_runtime.backends.trt import probe_tensorrt
 from ssd_runtime.engines import GpuInfo, Profile, engine_folder, engine_profiles
 from ssd_runtime.errors import ConfigError
@@ -124,7 +124,7 @@ def build_engines(root: Path, manifest: Manifest, found: tuple[str, GpuInfo], pr
         for role in MODELS:
             entry: ModelEntry = getattr(manifest, role)
             profiles = engine_profiles(role, manifest.max_context, manifest.max_draft,
-                                       PREFILL_CHUNK)
+                                       contract.PREFILL_CHUNK)
             t0 = perf_counter()
             plan, cache = _build_one(trt, root / entry.path, entry, profiles, precision,
                                      version_compatible, cache)

@@ -21,6 +21,15 @@ PROMPT_LEN = 12
 _TOLERANCE = {"float32": (1e-3, 1e-3), "float16": (5e-2, 2e-2)}   # (absolute, relative to max|ref|)
 
 
+def ort_errors() -> tuple[type[Exception], ...]:
+    """What ONNX Runtime raises for a graph it refuses to load or run (its binding's own
+    exceptions: Fail, InvalidGraph, NotImplemented, ...; they share no base but Exception)."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    return tuple(e for e in vars(state).values()
+                 if isinstance(e, type) and issubclass(e, Exception))
+
+
 def check_parity(model: Any, onnx_path: Path, role: str, max_draft: int, dtype: str,
                  max_context: int, seed: int = 0, graph: str = contract.STANDARD
                  ) -> dict[str, float]:

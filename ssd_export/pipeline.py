@@ -15,7 +15,7 @@ from ssd_graphs.heads import write_heads
 from ssd_graphs.trace import OPSET, TracedModel, append_tops, export_decoder
 from ssd_runtime import __version__, contract
 from ssd_runtime.backends.trt import probe_tensorrt
-from ssd_runtime.errors import ConfigError
+from ssd_runtime.errors import ConfigError, SsdError
 from ssd_runtime.manifest import MAX_BATCH, Manifest, ModelEntry, TokenizerEntry
 
 from .bundle import check_output, finish_manifest, staging
@@ -24,7 +24,7 @@ from .engines import export_engines, require_tensorrt
 from .loading import LoadedModel, check_architecture, load_model
 from .pair import (added_ids, chat_template, check_vocabularies, eos_ids,
                    generation_defaults, special_tokens, text_settings)
-from .parity import check_batch, check_parity
+from .parity import check_batch, check_parity, ort_errors
 from .quantize import BITS, check_request, quantize_draft
 
 
@@ -147,7 +147,8 @@ def choose_graph(config: ExportConfig) -> tuple[str, str]:
 def _trace_checked(loaded: LoadedModel, path: Path, max_context: int, config: ExportConfig,
                    graph: str, log) -> tuple[TracedModel, dict[str, float]]:
     """Trace and check one model. With --graph auto a model the ort flavour cannot express or
-    reproduce (ALiBi, or a parity failure) falls back to the standard graph, saying why."""
+    reproduce (ALiBi, a graph ONNX Runtime refuses, a parity failure) falls back to the
+    standard graph, saying why; any other exception is a bug and propagates."""
     role = loaded.role
     try:
         with log.stage(f"trace the {role} ({loaded.architecture}, {graph} graph)"):
@@ -157,7 +158,8 @@ def _trace_checked(loaded: LoadedModel, path: Path, max_context: int, config: Ex
         with log.stage(f"parity of the {role} against Hugging Face"):
             return traced, check_parity(loaded.model, traced.path, role, config.max_draft,
                                         config.dtype, max_context, graph=graph)
-    except Exception as exc:  # the standard graph is tried next, or it re-raises
+    except (SsdError, *ort_errors()) as exc:   # a refusal (ours or ONNX Runtime's), a parity
+        # failure: the standard graph is tried next, or it re-raises; anything else is a bug
         if graph == contract.STANDARD or config.graph != "auto":
             raise
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

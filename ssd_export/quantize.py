@@ -22,9 +22,9 @@ import numpy as np
 
 from ssd_graphs.trace import TracedModel
 from ssd_runtime import contract
-from ssd_runtime.errors import ConfigError
+from ssd_runtime.errors import BackendError, ConfigError
 
-from .parity import run_whole
+from .parity import ort_errors, run_whole
 
 BITS = {"int8": 8, "int4": 4}     # the quantized kinds of contract.QUANTS
 BLOCK = 32
@@ -64,13 +64,14 @@ def quantize_draft(traced: TracedModel, requested: str, dtype: str, max_context:
 def _quantize_checked(path: Path, float_path: Path, quant: str, requested: str,
                       traced: TracedModel, dtype: str, max_context: int
                       ) -> tuple[int, float, str]:
-    """(MatMuls quantized, top-1 agreement, what to say). ONNX Runtime refusing the graph is
-    an error when asked for explicitly, else 0 MatMuls."""
+    """(MatMuls quantized, top-1 agreement, what to say). ONNX Runtime refusing the graph (its
+    quantizer or its kernels) is an error when asked for explicitly, else 0 MatMuls; any other
+    exception is a bug and propagates."""
     try:
         count = quantize_graph(path, quant)
         agreement = top1_agreement(float_path, path, traced.graph, dtype, traced.vocab_size,
                                    max_context)
-    except Exception as exc:  # onnxruntime's quantizer or kernels refuse this graph
+    except (BackendError, *ort_errors()) as exc:
         if requested != "auto":
             raise ConfigError(f"--draft-quant {quant}: ONNX Runtime could not quantize or run "
                               f"the draft ({exc}). ---> HINT: use --draft-quant none.") from None
@@ -93,7 +94,11 @@ def quantize_graph(path: Path, quant: str) -> int:
     config = DefaultWeightOnlyQuantConfig(block_size=BLOCK, is_symmetric=True,
                                           accuracy_level=ACCURACY_LEVEL, bits=BITS[quant])
     quantizer = MatMulNBitsQuantizer(model, algo_config=config)
-    quantizer.process()
+    try:
+        quantizer.process()
+    except (ValueError, NotImplementedError) as exc:   # how the quantizer refuses a graph
+        raise BackendError(f"ONNX Runtime's weight-only quantizer refuses {path}: "
+                           f"{(str(exc) or repr(exc)).splitlines()[0]}") from exc
     quantized = quantizer.model.model
     count = sum(n.op_type == "MatMulNBits" for n in quantized.graph.node)
     data = path.with_name(path.name + ".data")

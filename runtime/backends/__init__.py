@@ -61,11 +61,9 @@ def open_backend(root: Path, manifest: Manifest, backend: str = "auto",
                                    f"---> HINT: use backend='cpu', or max_batch=1.")
             target, draft = _OPENERS[name](root, manifest, placement, chosen_plan, mode,
                                            max_batch)
-        except (BackendError, RuntimeError) as exc:   # RuntimeError: TensorRT's bindings raise it
+        except BackendError as exc:      # a refusal; anything else is a bug and propagates
             if backend != "auto" or name == chosen_plan.attempts[-1]:
-                if isinstance(exc, BackendError):
-                    raise
-                raise BackendError(f"backend {name!r} did not open: {exc}") from exc
+                raise
             failures.append(f"{name} did not open: {exc}")
             continue
         return Opened(target, draft, name, describe(name, chosen_plan, failures, backend))
@@ -110,9 +108,14 @@ def _open_trt(root: Path, manifest: Manifest, placement, chosen: Plan, _: str, _
 
     assert chosen.engines is not None
     max_new = manifest.max_draft + 2
-    return tuple(TrtSession(name, root / chosen.engines[name].path, entry,
-                            chosen.engines[name], manifest.max_context, max_new)
-                 for name, entry in (("target", manifest.target), ("draft", manifest.draft)))
+    try:
+        return tuple(TrtSession(name, root / chosen.engines[name].path, entry,
+                                chosen.engines[name], manifest.max_context, max_new)
+                     for name, entry in (("target", manifest.target), ("draft", manifest.draft)))
+    except RuntimeError as exc:   # TensorRT's Python bindings raise it for a refused call
+        raise BackendError(f"backend 'trt' did not open: TensorRT refused it ({exc}). ---> HINT: "
+                           f"rebuild the engines with ssd-build-engines BUNDLE --force, or "
+                           f"choose another backend.") from exc
 
 
 _OPENERS = {"cpu": _open_cpu, "cuda": _open_cuda, "trt": _open_trt}

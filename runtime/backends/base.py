@@ -11,6 +11,8 @@ import numpy as np
 
 from .device import DeviceLogits
 
+# a manifest's kv_dtype / logits_dtype names and the numpy types every backend binds
+DTYPES = {"float32": np.float32, "float16": np.float16}
 Logits = Union[np.ndarray, DeviceLogits]     # (new_len, vocab): host array, or device memory
 
 

@@ -22,11 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from .. import contract
+from ..contract import PREFILL_CHUNK
 from ..errors import BackendError
 from ..manifest import ModelEntry
-
-DTYPES = {"float32": np.float32, "float16": np.float16}
-PREFILL_CHUNK = 256
+from .base import DTYPES
 
 
 def session_options(threads: int | None):

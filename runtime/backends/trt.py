@@ -18,8 +18,8 @@ from .. import contract
 from ..engines import DECODE, PREFILL, GpuInfo, Profile
 from ..errors import BackendError
 from ..manifest import EngineEntry, ModelEntry
+from .base import DTYPES
 from .device import DeviceLogits
-from .ort import DTYPES
 
 ALIGNMENT = 256       # bytes; IExecutionContext::setTensorAddress requires it
 CUDA_PYTHON_HINT = ("---> HINT: pip install 'cuda-python>=12.3,<13' (cuda-python 13 needs "

@@ -276,6 +276,7 @@ def test_ort_flavour_and_tensorrt_refuse_each_other_naming_the_fix(models, bundl
     assert (ort_bundle / "manifest.json").read_bytes() == before
 
 
+@pytest.mark.slow
 def test_alibi_falls_back_to_the_standard_graph_under_auto_and_says_why(models, tmp_path):
     out = tmp_path / "bundle"
     proc = run("-m", "ssd_export.cli", "--target", str(models["falcon_alibi"]), "--draft",
@@ -327,6 +328,26 @@ def test_lint_names_the_unsupported_op_and_node():
     (opset,) = lint_model(graph_with("Relu", opset=25), "hand.onnx")
     assert opset.op == "opset" and "outside [9, 24]" in opset.problem
     assert lint_model(graph_with("Relu"), "hand.onnx") == []
+
+
+def test_lint_reports_failed_type_inference_and_lets_bugs_through(monkeypatch):
+    """Type inference is what the dtype checks read: its failure is a warning naming why
+    (it was dropped silently), and anything but ONNX's InferenceError propagates."""
+    def failing(model, strict_mode=False):
+        raise onnx.shape_inference.InferenceError("[ShapeInferenceError] (op_type:Cast): bad")
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", failing)
+    (finding,) = lint_model(graph_with("Relu"), "hand.onnx")
+    assert finding.severity == "warning" and finding.op == "type inference"
+    assert "ONNX type inference failed ([ShapeInferenceError] (op_type:Cast): bad)" in \
+        finding.problem and "only declared types were checked" in finding.problem
+
+    def buggy(model, strict_mode=False):
+        raise TypeError("a bug")
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", buggy)
+    with pytest.raises(TypeError, match="a bug"):
+        lint_model(graph_with("Relu"), "hand.onnx")
 
 
 def test_lint_checks_dtypes_and_attributes():

@@ -58,6 +58,7 @@ ARCHS = ["qwen3", "phi3", "gemma", "gemma2", "gpt2", "gpt_neox", "opt", "falcon"
          "falcon_alibi"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_architecture_takes_an_int8_draft_without_changing_the_output(bundle_factory,
                                                                              arch):
@@ -76,9 +77,13 @@ def test_the_quantized_draft_proposes_what_its_agreement_says(bundle_factory):
     quantized = Generator.load(bundle_factory("llama", "llama_cut", draft_quant="int8"))
     float_draft = Generator.load(bundle_factory("llama", "llama_cut", draft_quant="none"))
     ids = np.asarray(prompt_ids(40), np.int64)
-    a = quantized.draft.forward(ids[:8], 0).argmax(-1)
-    b = float_draft.draft.forward(ids[:8], 0).argmax(-1)
-    assert quantized.manifest.draft.quant_agreement >= 0.5 and (a == b).mean() >= 0.5
+    a, b = ([g.draft.forward(ids[i:i + 8], i).argmax(-1) for i in range(0, 40, 8)]
+            for g in (quantized, float_draft))
+    agreement = float((np.concatenate(a) == np.concatenate(b)).mean())
+    # measured: recorded 0.924 (export's 144 greedy tokens), 0.95 on these 40
+    recorded = quantized.manifest.draft.quant_agreement
+    assert recorded >= 0.85 and agreement >= 0.85 and abs(agreement - recorded) <= 0.1, \
+        (recorded, agreement)
 
 
 def test_auto_keeps_a_float_draft_that_agrees_too_little_and_says_why(models, tmp_path,
@@ -146,7 +151,7 @@ def test_onnxruntime_too_old_for_int8_weights_is_refused_naming_both_fixes(bundl
 def test_a_draft_onnxruntime_cannot_quantize_is_an_error_when_asked_and_float_under_auto(
         models, tmp_path, monkeypatch, capsys):
     def refuse(path, quant):
-        raise RuntimeError("no kernel for this graph")
+        raise BackendError("no kernel for this graph")   # how quantize_graph says it
 
     monkeypatch.setattr("ssd_export.quantize.quantize_graph", refuse)
     asked = tmp_path / "asked"

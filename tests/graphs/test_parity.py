@@ -134,6 +134,7 @@ def exported(models, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [*CASES, *VARIANTS])
 def test_parity_with_hugging_face(exported, name):
     model, traced, max_context = exported[name]
@@ -155,6 +156,7 @@ def exported_ort(exported, tmp_path_factory):
 NO_ORT = {"falcon_alibi", "bloom", "mpt", "mpt_clip_qkv"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted({*CASES, *VARIANTS} - NO_ORT))
 def test_ort_flavour_parity_with_hugging_face(exported, exported_ort, name):
     model, _, max_context = exported[name]
@@ -164,6 +166,7 @@ def test_ort_flavour_parity_with_hugging_face(exported, exported_ort, name):
     assert diffs["new_key"] < 1e-3 and diffs["new_value"] < 1e-3, diffs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(NO_ORT))
 def test_ort_flavour_refuses_alibi_naming_the_fix(exported, tmp_path, name):
     model, _, _ = exported[name]
@@ -182,6 +185,7 @@ def test_ort_flavour_refuses_a_head_size_not_a_multiple_of_8(tmp_path):
         export_decoder(model, "phi", tmp_path / "model.onnx", 64, graph="ort")
 
 
+@pytest.mark.slow
 def test_parity_catches_a_wrong_graph(exported):
     model, traced, _ = exported["llama"]
     layer = model.model.layers[0].self_attn.k_proj
@@ -196,6 +200,7 @@ def test_parity_catches_a_wrong_graph(exported):
             layer.weight.copy_(saved)
 
 
+@pytest.mark.slow
 def test_parity_fails_a_graph_that_gives_nan(exported, tmp_path):
     """NaN compares False against any tolerance: a NaN output used to pass parity."""
     import numpy as np
@@ -242,6 +247,7 @@ def test_kv_comparison_reads_cropped_and_repeated_caches():
     assert _kv_diff(full[:, :3], 8, ref, past_len=0) is None     # rows 0..2 were dropped
 
 
+@pytest.mark.slow
 def test_longrope_past_its_original_context_is_refused(exported, tmp_path):
     model, _, _ = exported["phi3_longrope"]
     with pytest.raises(ConfigError, match=r"RoPE type 'longrope' changes its frequencies past 64 "
@@ -249,6 +255,7 @@ def test_longrope_past_its_original_context_is_refused(exported, tmp_path):
         export_decoder(model, "phi3_longrope", tmp_path / "model.onnx", max_context=65)
 
 
+@pytest.mark.slow
 def test_unknown_rope_type_is_refused(exported, tmp_path):
     model, _, _ = exported["llama"]
     saved = model.config.rope_parameters
@@ -283,6 +290,7 @@ def test_per_layer_rope_is_exercised(models):
     assert set(AutoConfig.from_pretrained(models["smollm3"]).no_rope_layers) == {0, 1}
 
 
+@pytest.mark.slow
 def test_moe_runs_dense_in_plain_onnx_and_on_the_kernel_in_the_ort_flavour(exported,
                                                                             exported_ort):
     import onnx
@@ -322,6 +330,7 @@ def test_qwen3_moe_mixes_dense_and_moe_layers(models):
                      r"\(Qwen3MoeExperts: has_bias=True without gate_up_proj_bias"),
     ("top_k", r"routes to the top 5 of 4 logits over 4 experts"),
 ])
+@pytest.mark.slow
 def test_unsupported_moe_variants_are_refused(exported, change, match):
     from dataclasses import replace
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -329,3 +330,51 @@ def test_threads_are_chosen_on_the_passes_the_loop_runs():
     assert _fastest([one, two], None, lengths=(1, 9), rounds=8).threads == 2
     level = _Timed(2, {1: 0.95e-3, 9: 2.9e-3})
     assert _fastest([one, level], None, lengths=(1, 9), rounds=8).threads == 1
+
+
+# --- what moves `auto` to the next backend ---------------------------------------------
+
+def open_with(monkeypatch, backend: str, attempts: tuple[str, ...], openers: dict):
+    """open_backend over a plan of `attempts`, each opened by openers[name]."""
+    from types import SimpleNamespace
+
+    import ssd_runtime.backends as backends
+    from ssd_runtime.backends.select import Plan
+
+    monkeypatch.setattr(backends, "probe", lambda manifest, requested: Facts())
+    monkeypatch.setattr(backends, "plan", lambda requested, facts: Plan(
+        attempts, engines={r: SimpleNamespace(path=f"{r}.plan") for r in ("target", "draft")}))
+    monkeypatch.setattr(backends, "_OPENERS", {**backends._OPENERS, **openers})
+    manifest = SimpleNamespace(max_draft=4, max_context=64, target=None, draft=None)
+    return backends.open_backend(Path("bundle"), manifest, backend)
+
+
+def refusing_trt_session(*args, **kwargs):
+    raise RuntimeError("setOptimizationProfileAsync: profile 1 refused")   # as TensorRT 10 does
+
+
+def fake_cpu(*args):
+    return "target", "draft"
+
+
+def test_tensorrts_refusal_moves_auto_on_and_is_one_line_when_asked_for(monkeypatch):
+    import ssd_runtime.backends as backends
+
+    monkeypatch.setattr("ssd_runtime.backends.trt.TrtSession", refusing_trt_session)
+    opened = open_with(monkeypatch, "auto", ("trt", "cpu"), {"cpu": fake_cpu})
+    assert opened.backend == "cpu" and "profile 1 refused" in opened.reason
+    with pytest.raises(BackendError, match=r"backend 'trt' did not open: TensorRT refused it "
+                                           r"\(.*profile 1 refused\).*HINT: rebuild"):
+        open_with(monkeypatch, "trt", ("trt",), {"trt": backends._open_trt})
+
+
+@pytest.mark.parametrize("backend", ["auto", "cpu"])
+def test_a_bug_in_a_backend_is_not_a_fallback(monkeypatch, backend):
+    """A RuntimeError outside TensorRT's bindings is a bug: it propagates as itself instead of
+    moving `auto` on (or becoming a BackendError that blames the backend)."""
+    def buggy_cuda(*args):
+        raise RuntimeError("a bug")
+
+    attempts = ("cuda", "cpu") if backend == "auto" else ("cpu",)
+    with pytest.raises(RuntimeError, match="a bug"):
+        open_with(monkeypatch, backend, attempts, {"cuda": buggy_cuda, "cpu": buggy_cuda})

@@ -92,18 +92,22 @@ def test_trt_backend_gives_the_cpu_tokens(bundle, request):
 @pytest.mark.parametrize("backend", ["cuda", pytest.param("trt", marks=needs_trt)])
 def test_a_seed_gives_the_cpus_tokens_and_reproduces(gpu_bundle, backend):
     """Seeded (the invariant coupling): the target alone's tokens at every k, auto included,
-    so the same as the CPU's; the rejection rule reproduces itself at a fixed k, split too."""
-    gen, cpu = Generator.load(gpu_bundle, backend=backend), Generator.load(gpu_bundle)
+    so the same as the CPU backend's; the rejection rule gives the CPU backend's tokens at a
+    fixed k, split too (it was compared with a second run of itself)."""
+    gen = Generator.load(gpu_bundle, backend=backend)
+    cpu = Generator.load(gpu_bundle, backend="cpu")     # auto would open this GPU's backend
+    assert gen.backend == backend and cpu.backend == "cpu"
     for seed in (0, 1, 2):
         settings = dict(temperature=0.8, top_p=0.95, seed=seed)
         assert streams(gen, **settings) == streams(cpu, **settings)
         rejection = dict(settings, coupling="rejection")
         fixed = [k for k in KS if k != "auto"]     # auto's round lengths follow timings
-        assert streams(gen, ks=fixed, **rejection) == streams(gen, ks=fixed, **rejection)
-        split = [gen.generate(p, max_new_tokens=32, k=3, mode="split", **rejection).token_ids
-                 for p in PROMPTS]
-        assert split == [gen.generate(p, max_new_tokens=32, k=3, mode="split",
-                                      **rejection).token_ids for p in PROMPTS]
+        assert streams(gen, ks=fixed, **rejection) == streams(cpu, ks=fixed, **rejection)
+
+        def split(g: Generator) -> list[list[int]]:
+            return [g.generate(p, max_new_tokens=32, k=3, mode="split", **rejection).token_ids
+                    for p in PROMPTS]
+        assert split(gen) == split(cpu)
 
 
 def test_cuda_writes_new_kv_in_place_on_the_device(gpu_bundle):

@@ -34,11 +34,16 @@ def test_expected_tokens_and_speedup():
 
 
 def test_best_k_follows_alpha_and_costs():
+    """The k adaptive k plans for (what the product decides with)."""
+    def best_k(cost: CostModel, alpha: float) -> int:
+        return AdaptiveK(cost, max_k=8).plan(alpha)[0]
+
     gpu, cpu = gpu_like(), cpu_like()
-    assert gpu.best_k(0.95, 8) == 8 and gpu.best_k(0.05, 8) <= 1
-    assert cpu.best_k(0.8, 8) < gpu.best_k(0.8, 8)
-    ks = [gpu.best_k(a, 8) for a in (0.2, 0.5, 0.7, 0.9)]
+    assert best_k(gpu, 0.95) == 8 and best_k(gpu, 0.05) <= 1
+    assert best_k(cpu, 0.8) < best_k(gpu, 0.8)
+    ks = [best_k(gpu, a) for a in (0.2, 0.5, 0.7, 0.9)]
     assert ks == sorted(ks)
+    assert best_k(cpu, 0.05) == 0
 
 
 def test_adaptive_tracks_alpha():
@@ -167,6 +172,7 @@ def test_top_probability_is_the_softmax_maximum():
     assert top_probability(np.full(300, np.nan, np.float32), scratch) == 0.0
 
 
+@pytest.mark.slow
 def test_auto_on_a_real_bundle(bundle_factory):
     gen = Generator.load(bundle_factory("llama", "llama"))   # the target is its own draft
     cost = gen.cost_model()

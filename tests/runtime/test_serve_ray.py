@@ -19,7 +19,7 @@ from serve_util import ServerProcess  # noqa: E402
 
 from ssd_runtime import Generator  # noqa: E402
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 MODEL = "tiny"
 PROMPT = "def read_config(path):"
 

@@ -24,7 +24,9 @@ def llama_reference(models):
     return ref
 
 
-@pytest.mark.parametrize("target,draft", PAIRS, ids=[f"{t}+{d}" for t, d in PAIRS])
+@pytest.mark.parametrize("target,draft", [  # one pair in the fast subset (-m "not slow")
+    PAIRS[0], *(pytest.param(*pair, marks=pytest.mark.slow) for pair in PAIRS[1:])],
+    ids=[f"{t}+{d}" for t, d in PAIRS])
 def test_split_equals_hugging_face(bundle_factory, llama_reference, target, draft):
     gen = Generator.load(bundle_factory(target, draft), threads=(1, 1))
     for n in (1, 7, 40):
