@@ -26,7 +26,7 @@ library and its threads and limits them for the 1-thread runs, if it is installe
 OPENBLAS_CORETYPE is reported, never changed):
   GEMM peak   numpy float32 matmul of --probe-gemm N x N (default 1024), best of 5,
               2 N^3 / s, on 1 BLAS thread and on the BLAS default; the peak is the best.
-  bandwidth   the sum of a --probe-mib MiB float32 array (default 256), best of 3, in 1 thread
+  bandwidth   the sum of a --probe-mib MiB float32 array (default 256), best of 5, in 1 thread
               and split over one thread per core (numpy's reductions release the GIL): bytes
               read / s, the best. A copy (bytes read + written / s) is reported beside it.
 
@@ -139,7 +139,7 @@ def probe_machine(gemm_n: int, mib: int) -> dict:
             def once() -> None:
                 list(pool.map(np.add.reduce, parts))
             once()
-            return nbytes / min(_timed(once) for _ in range(3)) / 1e9
+            return nbytes / min(_timed(once) for _ in range(5)) / 1e9
 
     out["read_gbs"]["1"] = read(1)
     if cores > 1:
