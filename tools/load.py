@@ -369,7 +369,8 @@ def summarise(records: list[Record], wall: float) -> dict:
             "ttft_p50": pct(ttft, .5), "ttft_p95": pct(ttft, .95),
             "itl_p50": pct(itl, .5), "itl_p95": pct(itl, .95),
             "tpot_p50": pct(tpot, .5), "tpot_p95": pct(tpot, .95),
-            "tokens_per_chunk": tokens / sum(r.chunks for r in ok) if ok and tokens else None}
+            "text_chunks": sum(r.chunks for r in ok),
+            "textless": sum(1 for r in ok if r.tokens and not r.chunks)}
 
 
 def work_done(before: dict | None, after: dict | None, summary: dict, costs: dict) -> dict:
@@ -578,9 +579,15 @@ def main(argv: list[str] | None = None) -> int:
                          "records": [asdict(r) for r in records]}
                 levels.append(level)
                 print("  " + "  ".join(row(level)), flush=True)
+                if summary["textless"]:
+                    print(f"  {summary['textless']} requests streamed tokens but no text (ids "
+                          f"past the tokenizer?): no TTFT or ITL for them")
                 if summary["errors"]:
                     print(f"  {summary['errors']} errors, first: {summary['first_error']}")
         except Exception as exc:       # noqa: BLE001 - report, stop this server, go on
+            import traceback
+
+            traceback.print_exc()
             print(f"[{name}] FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
             info["error"] = f"{type(exc).__name__}: {exc}"
         finally:

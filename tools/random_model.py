@@ -6,7 +6,8 @@ random (seeded), so its text is noise and a draft for it would be meaningless (m
 k=0). The tokenizer is the demo pair's (examples/demo-pair/target: 2,048 tokens, <s>=0,
 </s>=1, <pad>=2) while the config keeps the published vocabulary size: the embedding and the
 LM head are padded past the tokenizer, as many published models are, which ssd-export
-supports; the LM head's cost is the published one's.
+supports; the LM head's cost is the published one's. The padded rows are zero (their logits
+are 0, so greedy decoding picks real tokens, whose text streams).
 
     python tools/random_model.py --config smollm2-360m --output /tmp/smollm2-360m-random
     python tools/random_model.py --config tiny-llama --output /tmp/tiny-draft  # a draft to export with
@@ -90,6 +91,15 @@ def build(name: str, output: Path, seed: int, vocab_size: int | None, dtype: str
     torch.manual_seed(seed)
     t0 = time.perf_counter()
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # Rows past the tokenizer are padding: zero, as never-trained padded rows are, so that their
+    # logits are 0 and greedy picks a real token (the best of 2,048 random logits is > 0);
+    # random rows there would make most of the text ids with no text, and streams empty.
+    with torch.no_grad():
+        for emb in {id(m): m for m in (model.get_input_embeddings(),
+                                       model.get_output_embeddings()) if m is not None}.values():
+            emb.weight[tokenizer_vocab:] = 0
+            if getattr(emb, "bias", None) is not None:
+                emb.bias[tokenizer_vocab:] = 0
     save_dtype = dtype or spec["dtype"]
     model = model.to(getattr(torch, save_dtype)).eval()
     params = sum(p.numel() for p in model.parameters())
