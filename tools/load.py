@@ -61,7 +61,7 @@ When /metrics cannot be read, the estimate falls back to the clients' output tok
 target row and one call per output token) and the row's `basis` says so.
 
     python tools/load.py BUNDLE --config "k0:--k 0" --config "auto:--k auto" \\
-        [--concurrency 1,2,4,8,16] [--max-tokens 128] [--requests-per-client 2 | --duration S]
+        [--concurrency 1,2,4,8,16] [--max-tokens 128] [--requests-per-client N] [--duration S]
         [--prompts FILE] [--warmup 2] [--skip-probe] [--json OUT] [--workdir DIR]
 """
 from __future__ import annotations
@@ -502,11 +502,11 @@ def main(argv: list[str] | None = None) -> int:
                         "(repeatable; default one configuration with no arguments)")
     p.add_argument("--concurrency", default="1,2,4,8,16", help="clients at once, per level")
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--requests-per-client", type=int, default=2,
-                   help="requests each client sends back to back (at most)")
+    p.add_argument("--requests-per-client", type=int, default=None,
+                   help="requests each client sends back to back, at most (default 2; with "
+                        "--duration, 10000)")
     p.add_argument("--duration", type=float, default=None,
-                   help="seconds after which a client sends no new request (a level still "
-                        "stops after --requests-per-client requests per client)")
+                   help="seconds after which a client sends no new request")
     p.add_argument("--prompts", type=Path, default=None,
                    help="JSONL ({\"prompt\": ...} per line) or one prompt a line; default: a "
                         "built-in list of Python openings")
@@ -529,6 +529,10 @@ def main(argv: list[str] | None = None) -> int:
         levels_c = [int(c) for c in args.concurrency.split(",") if c.strip()]
     except ValueError:
         p.error(f"--concurrency {args.concurrency!r}: integers separated by commas")
+    if args.requests_per_client is None:
+        args.requests_per_client = 10000 if args.duration else 2
+    if args.duration is not None and args.duration <= 0:
+        p.error("--duration must be above 0")
     if not levels_c or min(levels_c) < 1 or args.max_tokens < 1 or args.requests_per_client < 1:
         p.error("--concurrency, --max-tokens and --requests-per-client must be 1 or more")
     configs = [parse_config(c) for c in (args.config or ["default:"])]
