@@ -1,0 +1,168 @@
+"""ssd-serve with continuous batching: concurrent requests share rounds, each gets what it gets
+alone; a client that leaves frees its slot; a full queue is a 429; metrics show the batches."""
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+
+import httpx
+import pytest
+
+from serve_util import ServerProcess
+from ssd_runtime import Generator
+
+MODEL = "tiny"
+PROMPTS = ["def read_config(path):", "import os", "class Point:", "x", "for i in range(10):",
+           "def read(path):", "return", "# a comment"]
+
+
+@pytest.fixture(scope="module")
+def bundle(bundle_factory):
+    return bundle_factory("llama", "llama_cut")
+
+
+@pytest.fixture(scope="module")
+def server(bundle, tmp_path_factory):
+    srv = ServerProcess(bundle, tmp_path_factory.mktemp("serve-batch") / "server.log",
+                        "--model-name", MODEL, "--threads", "1", "--k", "3", "--max-batch", "4",
+                        "--max-queue", "2")
+    yield srv
+    srv.stop()
+
+
+def _complete(url: str, body: dict) -> tuple[int, str, dict]:
+    """(status, text, json or headers) for one request, streamed or not."""
+    with httpx.Client(base_url=url, timeout=120) as http:
+        if not body.get("stream"):
+            res = http.post("/v1/completions", json=body)
+            data = res.json()
+            text = data["choices"][0]["text"] if res.status_code == 200 else ""
+            return res.status_code, text, {**data, "headers": dict(res.headers)}
+        text = ""
+        with http.stream("POST", "/v1/completions", json=body) as res:
+            for line in res.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    text += json.loads(line[6:])["choices"][0]["text"]
+        return res.status_code, text, {}
+
+
+def _metric(text: str, name: str) -> float:
+    found = re.search(rf"^{name}{{[^}}]*}} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_concurrent_requests_each_get_what_they_get_alone(server, bundle):
+    gen = Generator.load(bundle, threads=1)
+    bodies = [dict(model=MODEL, prompt=p, max_tokens=6 + 3 * i, temperature=0, stream=i % 2 == 1)
+              for i, p in enumerate(PROMPTS[:6])]
+    bodies[2].update(temperature=0.9, seed=7)               # seeded sampling beside greedy
+    bodies[4].update(presence_penalty=1.0)
+    results: list = [None] * len(bodies)
+
+    def one(i: int) -> None:
+        results[i] = _complete(server.url, bodies[i])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for body, (status, text, _) in zip(bodies, results):
+        assert status == 200
+        settings = {k: body[k] for k in ("temperature", "seed", "presence_penalty") if k in body}
+        want = gen.generate(body["prompt"], max_new_tokens=body["max_tokens"], k=0, **settings)
+        assert text == want.text, f"{body['prompt']!r} differs when served in a batch"
+    health = server.health()
+    assert health["max_batch"] == 4
+    metrics = server.metrics()
+    rounds = _metric(metrics, "ssd_batch_size_count")
+    assert rounds > 0 and _metric(metrics, "ssd_batch_size_sum") > rounds   # some shared a round
+    assert _metric(metrics, "ssd_inter_token_seconds_count") > 0
+
+
+@pytest.fixture
+def gated(bundle):
+    """The real app in uvicorn (a thread) with 2 slots and room for 1 waiting request, whose
+    batch runs a round only per permit: the test decides when rounds happen."""
+    from serve_util import ThreadedServer
+    from ssd_runtime.serve.app import create_app
+    from ssd_runtime.serve.config import ServeConfig
+
+    app = create_app(ServeConfig(bundle=bundle, model_name=MODEL, max_queue=1, max_batch=2,
+                                 k=3), generator=Generator.load(bundle, max_batch=2, threads=1))
+    batch = app.state.server.engine.batch
+    permits, step = threading.Semaphore(0), batch.step
+
+    def gated_step():
+        permits.acquire(timeout=30)
+        return step()
+
+    batch.step = gated_step
+    with ThreadedServer(app) as srv:
+        srv.permits, srv.batch = permits, batch
+        yield srv
+        permits.release(10_000)
+
+
+def test_a_full_queue_is_a_429_and_a_client_that_leaves_frees_its_slot(gated):
+    long = dict(model=MODEL, prompt="def read(path):", max_tokens=50, temperature=0,
+                stream=True)
+    with httpx.Client(base_url=gated.url, timeout=60) as http:
+        streams = [http.send(http.build_request("POST", "/v1/completions", json=long),
+                             stream=True) for _ in range(3)]         # 2 slots + 1 waiting
+        lines = [s.iter_lines() for s in streams]
+        gated.permits.release(1)                                    # one round: 2 admitted
+        first = [next(lines[i]) for i in range(2)]
+        assert all(line.startswith("data: ") for line in first)
+        assert gated.health()["queue_depth"] == 1 and gated.health()["busy"]
+        res = http.post("/v1/completions", json={**long, "stream": False})
+        assert res.status_code == 429, res.text
+        assert int(res.headers["retry-after"]) >= 1
+        assert res.json()["error"]["type"] == "rate_limit_error"
+        assert "--max-queue 1" in res.json()["error"]["message"]
+        streams[0].close()                                          # a running client leaves
+        deadline = time.monotonic() + 10
+        while gated.health()["queue_depth"] and time.monotonic() < deadline:
+            gated.permits.release(1)                # its slot goes to the waiting request
+            time.sleep(0.05)
+        assert gated.health()["queue_depth"] == 0
+        # the leaver's slot, not the end of the other: both others decode side by side
+        assert {seq.id for seq in gated.batch.slots if seq is not None} == {1, 2}
+        gated.permits.release(10_000)
+        texts = ["".join(_texts([first[1], *lines[1]])), "".join(_texts(lines[2]))]
+        for s in streams:
+            s.close()
+    ref = Generator.load(gated.batch.gen.root, threads=1).generate(
+        "def read(path):", max_new_tokens=50, k=0)
+    assert texts == [ref.text, ref.text]
+    deadline = time.monotonic() + 10
+    while gated.health()["busy"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not gated.health()["busy"] and gated.health()["queue_depth"] == 0
+
+
+def _texts(lines) -> list[str]:
+    out = []
+    for line in lines:
+        if line.startswith("data: ") and line != "data: [DONE]":
+            out.append(json.loads(line[6:])["choices"][0]["text"])
+    return out
+
+
+def test_bad_settings_are_a_400_that_leaves_the_batch_running(server):
+    status, _, data = _complete(server.url, dict(model=MODEL, prompt="x", max_tokens=4,
+                                                 temperature=0, logit_bias={"99999": 1}))
+    assert status == 400 and "vocabulary" in data["error"]["message"]
+    status, text, _ = _complete(server.url, dict(model=MODEL, prompt="x", max_tokens=4,
+                                                 temperature=0))
+    assert status == 200 and text
+
+
+def test_split_mode_cannot_batch(bundle, tmp_path):
+    from ssd_runtime.errors import ConfigError
+    from ssd_runtime.serve.config import ServeConfig
+
+    with pytest.raises(ConfigError, match="--mode split.*--max-batch"):
+        ServeConfig(bundle=bundle, mode="split", max_batch=4)
