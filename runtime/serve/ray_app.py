@@ -41,9 +41,10 @@ def build_app(config: ServeConfig, replicas: int) -> Application:
     """The Serve application: `replicas` copies, each taking `threads` (or 1) CPUs."""
     deployment = serve.deployment(
         SsdReplica, name=APP_NAME, num_replicas=replicas,
-        # one more than the replica's own FIFO holds (running + max_queue), so that when
-        # every replica is full the app itself answers 429 rather than Ray queueing unbounded
-        max_ongoing_requests=config.max_queue + 2,
+        # one more than a replica holds (its batch's slots, at most the bundle's 64, and its
+        # FIFO of max_queue), so that when every replica is full the app itself answers 429
+        # rather than Ray queueing unbounded
+        max_ongoing_requests=config.max_queue + (config.max_batch or 64) + 1,
         ray_actor_options={"num_cpus": config.threads or 1})
     return deployment.bind(config)
 
