@@ -219,7 +219,7 @@ def test_newer_schema_is_refused(bundle_copy):
     path.write_text(json.dumps(manifest))
     proc = run("ssd_runtime.cli", bundle_copy, "--prompt", "x")
     assert_clean_error(proc, "ssd-run", r"schema_version 99 is newer than this runtime reads "
-                                        r"\(up to 5\).*upgrade")
+                                        r"\(up to 6\).*upgrade")
 
 
 # field, a bad value, what it must be, the schema before the field, what it reads as there
