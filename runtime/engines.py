@@ -28,54 +28,68 @@ class GpuInfo:
 
 @dataclass(frozen=True)
 class Profile:
-    """One optimisation profile: ranges of new_len and past_len, batch 1."""
+    """One optimisation profile: ranges of new_len, past_len and the batch (rows per call)."""
 
     name: str                     # "decode" | "prefill"
     new_len: Range3
     past_len: Range3
+    batch: Range3 = (1, 1, 1)
 
     def shapes(self, entry: ModelEntry) -> dict[str, tuple[tuple[int, ...], ...]]:
         """Input name -> (min, opt, max) shapes, in the graph contract's layout."""
-        ids = tuple((1, n) for n in self.new_len)                            # (B, T)
-        kv = tuple((1, p, entry.num_kv_heads, entry.head_dim) for p in self.past_len)
+        ids = tuple(zip(self.batch, self.new_len))                           # (B, T)
+        kv = tuple((b, p, entry.num_kv_heads, entry.head_dim)
+                   for b, p in zip(self.batch, self.past_len))
         shapes = {contract.INPUT_IDS: ids, contract.POSITION_IDS: ids}
         for i in range(entry.num_layers):
             shapes[contract.past_key(i)] = shapes[contract.past_value(i)] = kv  # (B, P, Hkv, D)
         return shapes
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "new_len": list(self.new_len), "past_len": list(self.past_len)}
+        return {"name": self.name, "new_len": list(self.new_len), "past_len": list(self.past_len),
+                "batch": list(self.batch)}
 
-    def check(self, new_len: int, past_len: int, where: str) -> None:
+    def check(self, new_len: int, past_len: int, where: str, batch: int = 1) -> None:
         """Refuse a call outside this profile, naming its min/opt/max."""
         for axis, value, (lo, opt, hi) in (("new_len", new_len, self.new_len),
-                                           ("past_len", past_len, self.past_len)):
+                                           ("past_len", past_len, self.past_len),
+                                           ("batch", batch, self.batch)):
             if not lo <= value <= hi:
                 raise BackendError(
                     f"{where}: {axis}={value} is outside the TensorRT engine's {self.name} "
                     f"profile (min {lo}, opt {opt}, max {hi}). ---> HINT: rebuild the engines "
                     f"with ssd-build-engines --force after re-exporting with a larger "
-                    f"--max-context / --max-draft, or use --backend cuda.")
+                    f"{'--max-batch' if axis == 'batch' else '--max-context / --max-draft'}, "
+                    f"or use --backend cuda.")
 
 
 def engine_profiles(model: str, max_context: int, max_draft: int,
-                    prefill_chunk: int) -> tuple[Profile, Profile]:
+                    prefill_chunk: int, max_batch: int = 1) -> tuple[Profile, Profile]:
     """Profile 0 serves decode calls, profile 1 prefill chunks (docs/design.md §9).
 
     decode: new_len 1 … max_draft+2 (a verify pass of k+1 tokens, or a draft step with
     its catch-up token); prefill: new_len 1 … the runtime's prefill chunk. past_len spans
     0 … max_context - 1 in both, since at least one new token is always appended.
+
+    The batch spans 1 … max_batch rows in both (optimised for max_batch in decode, where a
+    loaded server runs full batches, and for one row in prefill). A batch binds each slot's
+    whole cache (the ragged contract: P = max_context, each row's own past length in its
+    position_ids), so with max_batch > 1 past_len reaches max_context; max_batch = 1 gives
+    exactly the profiles of a one-sequence engine.
     """
-    if max_context < 2 or max_draft < 1 or prefill_chunk < 1:
+    if max_context < 2 or max_draft < 1 or prefill_chunk < 1 or max_batch < 1:
         raise ValueError(f"max_context={max_context}, max_draft={max_draft}, "
-                         f"prefill_chunk={prefill_chunk}: expected >= 2, >= 1, >= 1")
-    top = max_context - 1
+                         f"prefill_chunk={prefill_chunk}, max_batch={max_batch}: expected >= 2, "
+                         f">= 1, >= 1, >= 1")
+    top = max_context if max_batch > 1 else max_context - 1
     decode_max = min(max_draft + 2, max_context)
     # the target verifies k+1 tokens (k = 4 is typical); the draft steps one token at a time
     decode_opt = min(5, decode_max) if model == "target" else 1
     prefill_max = min(prefill_chunk, max_context)
-    decode = Profile("decode", (1, decode_opt, decode_max), (0, max_context // 2, top))
-    prefill = Profile("prefill", (1, min(64, prefill_max), prefill_max), (0, 0, top))
+    decode = Profile("decode", (1, decode_opt, decode_max), (0, max_context // 2, top),
+                     (1, max_batch, max_batch))
+    prefill = Profile("prefill", (1, min(64, prefill_max), prefill_max), (0, 0, top),
+                      (1, 1, max_batch))
     return decode, prefill
 
 

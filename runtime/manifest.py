@@ -92,7 +92,7 @@ class EngineEntry:
     tensorrt_version: str     # the builder's trt.__version__
     precision: str            # "fp32" | "fp16" | "bf16"
     version_compatible: bool  # built with BuilderFlag.VERSION_COMPATIBLE
-    profiles: list[dict[str, Any]]   # [{"name", "new_len": [min, opt, max], "past_len": [...]}]
+    profiles: list[dict[str, Any]]   # [{"name", "new_len": [min, opt, max], "past_len", "batch"}]
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """TensorRT engines for a bundle: `ssd-export --engines` and `ssd-build-engines DIR`.
 
 TensorRT 10 Python API: the ONNX parser reads each model with parse_from_file (so
-its external weights resolve), two optimisation profiles (decode, prefill; see
-ssd_runtime.engines), the chosen precision and a timing cache kept in the bundle.
+its external weights resolve), two optimisation profiles (decode, prefill; batch 1 …
+max_batch; see ssd_runtime.engines), the chosen precision and a timing cache kept in the
+bundle.
 """
 from __future__ import annotations
 
@@ -61,9 +62,9 @@ def decide_engines(mode: Engines, tensorrt_problem: str, blocking: list,
 
 
 def export_engines(root: Path, manifest: Manifest, mode: Engines, precision: str, log,
-                   output: Path) -> list[EngineEntry]:
+                   output: Path, max_batch: int = 1) -> list[EngineEntry]:
     """The exporter's engines stage: lint the graphs, then build, skip or refuse.
-    `root` is the staging folder that becomes `output`."""
+    `root` is the staging folder that becomes `output`; the engines take 1 … max_batch rows."""
     if manifest.cpu_only:             # the pipeline never pairs it with --engines trt
         log.print(f"    engines: none: {manifest.cpu_only}; export with --graph standard "
                   f"--draft-quant none for TensorRT")
@@ -76,7 +77,8 @@ def export_engines(root: Path, manifest: Manifest, mode: Engines, precision: str
         log.print(f"    {message}")
         return []
     with log.stage(f"build TensorRT {version} engines for {gpu.name} ({precision})"):
-        return build_engines(root, manifest, (version, gpu), precision, False, False, log.print)
+        return build_engines(root, manifest, (version, gpu), precision, False, False, log.print,
+                             max_batch)
 
 
 def lint_bundle(root: Path, manifest: Manifest, say=print) -> list:
@@ -103,8 +105,10 @@ def lint_bundle(root: Path, manifest: Manifest, say=print) -> list:
 
 
 def build_engines(root: Path, manifest: Manifest, found: tuple[str, GpuInfo], precision: str,
-                  version_compatible: bool, force: bool, say=print) -> list[EngineEntry]:
-    """Build target and draft plans into engines/<gpu-slug>-trt<version>/ of `root`.
+                  version_compatible: bool, force: bool, say=print,
+                  max_batch: int = 1) -> list[EngineEntry]:
+    """Build target and draft plans into engines/<gpu-slug>-trt<version>/ of `root`, for
+    calls of 1 … max_batch rows (engine_profiles).
 
     The plans are written to a temporary folder that is renamed into place, so an
     interrupted build never leaves half an engine set behind.
@@ -124,7 +128,7 @@ def build_engines(root: Path, manifest: Manifest, found: tuple[str, GpuInfo], pr
         for role in MODELS:
             entry: ModelEntry = getattr(manifest, role)
             profiles = engine_profiles(role, manifest.max_context, manifest.max_draft,
-                                       contract.PREFILL_CHUNK)
+                                       contract.PREFILL_CHUNK, max_batch)
             t0 = perf_counter()
             plan, cache = _build_one(trt, root / entry.path, entry, profiles, precision,
                                      version_compatible, cache)
@@ -147,8 +151,9 @@ def build_engines(root: Path, manifest: Manifest, found: tuple[str, GpuInfo], pr
 
 
 def add_engines(root: Path, precision: str, version_compatible: bool, force: bool,
-                say=print) -> Manifest:
-    """ssd-build-engines: verify the bundle, lint, build, and rewrite its manifest."""
+                say=print, max_batch: int = 1) -> Manifest:
+    """ssd-build-engines: verify the bundle, lint, build (1 … max_batch rows per call), and
+    rewrite its manifest."""
     manifest = read_manifest(root, verify=True)
     if manifest.cpu_only:
         raise ConfigError(f"{root}: {manifest.cpu_only}; TensorRT takes only standard ONNX "
@@ -162,7 +167,8 @@ def add_engines(root: Path, precision: str, version_compatible: bool, force: boo
     if blocking:
         raise ConfigError(f"{blocking[0]}, which TensorRT 10 does not take ({len(blocking)} such "
                           f"node(s)). ---> HINT: use --backend cuda or cpu for this bundle.")
-    entries = build_engines(root, manifest, found, precision, version_compatible, force, say)
+    entries = build_engines(root, manifest, found, precision, version_compatible, force, say,
+                            max_batch)
     return record_engines(root, entries)
 
 

@@ -66,6 +66,35 @@ def test_profile_shapes_follow_the_graph_contract(bundle_factory):
                                       (1, top, e.num_kv_heads, e.head_dim))
 
 
+def test_profiles_take_a_batch_of_1_to_max_batch():
+    """Batch 1 by default (the profiles above, unchanged); with max_batch the batch axis spans
+    1 … max_batch and, since a batch binds each slot's whole cache, past_len max_context."""
+    decode, prefill = engine_profiles("target", 2048, 8, 256)
+    assert decode.batch == prefill.batch == (1, 1, 1)
+    decode, prefill = engine_profiles("target", max_context=2048, max_draft=8, prefill_chunk=256,
+                                      max_batch=8)
+    assert decode == Profile("decode", (1, 5, 10), (0, 1024, 2048), (1, 8, 8))
+    assert prefill == Profile("prefill", (1, 64, 256), (0, 0, 2048), (1, 1, 8))
+    assert decode.as_dict()["batch"] == [1, 8, 8]
+    with pytest.raises(ValueError, match=r"max_batch=0"):
+        engine_profiles("target", 2048, 8, 256, max_batch=0)
+    decode.check(10, 2048, "target", batch=8)
+    with pytest.raises(BackendError, match=r"target: batch=9 is outside the TensorRT engine's "
+                                           r"decode profile \(min 1, opt 8, max 8\).*--max-batch"):
+        decode.check(1, 0, "target", batch=9)
+
+
+def test_batched_profile_shapes_put_the_batch_on_axis_0(bundle_factory):
+    manifest = read_manifest(bundle_factory("llama", "llama_cut", graph="standard"))
+    e, top = manifest.target, manifest.max_context
+    decode, _ = engine_profiles("target", top, manifest.max_draft, 256, max_batch=4)
+    shapes = decode.shapes(e)
+    assert shapes["position_ids"] == ((1, 1), (4, 5), (4, 10))
+    assert shapes["past_key.0"] == ((1, 0, e.num_kv_heads, e.head_dim),
+                                    (4, top // 2, e.num_kv_heads, e.head_dim),
+                                    (4, top, e.num_kv_heads, e.head_dim))
+
+
 def test_a_call_outside_a_profile_names_its_min_opt_max():
     decode, _ = engine_profiles("target", 64, 4, 256)
     decode.check(6, 0, "target")
