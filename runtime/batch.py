@@ -114,6 +114,8 @@ class Batch:
                                      generator.manifest.draft.vocab_size)
         self._cut = target_vocab if draft_vocab > target_vocab else None
         self._unknown = draft_vocab if target_vocab > draft_vocab else None
+        if k == "auto":                  # measured now, not in the middle of a round
+            self.calibrate()
 
     # -- joining and leaving --------------------------------------------------------------
 
@@ -339,6 +341,16 @@ class Batch:
             return tokens / cost.round_time(k)
 
         return max(range(max_k + 1), key=rate)
+
+    def calibrate(self) -> None:
+        """Measure what calls of 1, 2, 4, ... rows cost, up to this batch's slots (once per
+        generator: later batches find them cached)."""
+        rows = 1
+        while True:
+            self.cost(rows)
+            if rows >= len(self.slots):
+                return
+            rows *= 2
 
     def cost(self, rows: int) -> BatchCost:
         """What calls of `rows` rows cost here, measured once per power of two and cached on
