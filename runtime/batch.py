@@ -30,16 +30,16 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 import numpy as np
 
+from .batch_cost import BatchCost, best_k, measure
 from .errors import ConfigError
 from .loop import Stats
-from .perf import Acceptance, expected_tokens
+from .perf import Acceptance
 from .text import TextStream
 
 if TYPE_CHECKING:
     from .generator import GenerationResult, Generator, Request
 
 PREFILL_BUDGET = 256          # prompt tokens prefilled per round (a chunk; docs/design.md §11)
-_PROBE_LENGTHS = (1, 2, 3, 5, 9, 17)   # verification lengths timed per batch size
 
 
 @dataclass
@@ -51,22 +51,6 @@ class Event:
     tokens: list[int]
     text: str
     result: GenerationResult | None = None
-
-
-@dataclass(frozen=True)
-class BatchCost:
-    """Seconds of a draft step and of verifications of T tokens, for calls of `rows` rows."""
-
-    rows: int
-    draft_step: float
-    verify: tuple[tuple[int, float], ...]      # (T, seconds), T rising
-
-    def verify_time(self, length: int) -> float:
-        ts, secs = zip(*self.verify)
-        return float(np.interp(length, ts, secs))
-
-    def round_time(self, k: int) -> float:
-        return k * self.draft_step + self.verify_time(k + 1)
 
 
 @dataclass
@@ -327,20 +311,11 @@ class Batch:
 
     def _batch_k(self, run: list[_Sequence], rows: int) -> int:
         """The fixed k, or under "auto" the k that maximises the batch's expected tokens per
-        second at this many rows: sum over slots of (1 - α^(k+1)) / (1 - α), over the measured
-        seconds of k draft steps and a verification of k + 1 tokens (docs/design.md §11)."""
+        second at this many rows (batch_cost.best_k; docs/design.md §11)."""
         if self.k != "auto":
             return int(self.k)
-        max_k = self.gen.manifest.max_draft
-        cost = self.cost(rows)
-
-        def rate(k: int) -> float:
-            tokens = sum(expected_tokens(s.acceptance.alpha,
-                                         min(k, s.req.k) if isinstance(s.req.k, int) else k)
-                         for s in run)
-            return tokens / cost.round_time(k)
-
-        return max(range(max_k + 1), key=rate)
+        return best_k([(s.acceptance.alpha, s.req.k if isinstance(s.req.k, int) else None)
+                       for s in run], self.cost(rows), self.gen.manifest.max_draft)
 
     def calibrate(self) -> None:
         """Measure what calls of 1, 2, 4, ... rows cost, up to this batch's slots (once per
@@ -361,35 +336,13 @@ class Batch:
             cached = self.gen._batch_costs[size] = self._measure(size)
         return cached
 
-    def _measure(self, rows: int, repeats: int = 3) -> BatchCost:
+    def _measure(self, rows: int) -> BatchCost:
         """Time calls of `rows` rows at each slot's own length (so live sequences keep their
         rows: only rows past their valid ones are written)."""
-        lengths = [t for t in _PROBE_LENGTHS if t <= self.gen.manifest.max_draft + 1]
-        target_past = np.asarray([self._target_len(s) for s in range(rows)], np.int64)
-        draft_past = np.asarray([self._draft_len(s) for s in range(rows)], np.int64)
-        fits = self.max_context - max(lengths) - 1
-        if int(target_past.max()) > fits or int(draft_past.max()) > fits:
-            return BatchCost(rows, 0.0, ((1, 1.0),))    # no room to time: k = 0 here
-        # (empty slots time at a typical length rather than 0)
-        target_past = np.where(target_past == 0, min(64, fits), target_past)
-        draft_past = np.where(draft_past == 0, min(64, fits), draft_past)
-        drafts: list[float] = []
-        verify: dict[int, list[float]] = {t: [] for t in lengths}
-        one = np.zeros((rows, 1), np.int64)
-        for r in range(repeats + 1):                  # the first pass warms up
-            for t in lengths:
-                for _ in range(t - 1):
-                    t0 = perf_counter()
-                    self.draft.forward_rows(one, draft_past)
-                    if r:
-                        drafts.append(perf_counter() - t0)
-                t0 = perf_counter()
-                self.target.forward_rows(np.zeros((rows, t), np.int64), target_past)
-                if r:
-                    verify[t].append(perf_counter() - t0)
-        times = np.maximum.accumulate([float(np.median(verify[t])) for t in lengths])
-        return BatchCost(rows, float(np.median(drafts)) if drafts else 0.0,
-                         tuple(zip(lengths, map(float, times))))
+        return measure(self.target, self.draft, rows,
+                       np.asarray([self._target_len(s) for s in range(rows)], np.int64),
+                       np.asarray([self._draft_len(s) for s in range(rows)], np.int64),
+                       self.gen.manifest.max_draft)
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -463,19 +416,3 @@ def _copy(learnt: Acceptance | None) -> Acceptance:
         return Acceptance()
     return Acceptance(accepted=learnt.accepted, rejected=learnt.rejected)
 
-
-def choose_slots(generator: Generator, k: int | str = 0, gain: float = 1.1) -> int:
-    """How many sequences to decode together: double the batch while a round of one-token
-    steps for all of them serves at least `gain` times the tokens per second of half as many
-    (measured, batch.cost); past that, more slots add latency, not throughput. 1 where the
-    generator has one slot."""
-    if generator.max_batch == 1:
-        return 1
-    with generator.batch(k) as batch:
-        rows, best = 1, 1 / batch.cost(1).verify_time(1)
-        while rows * 2 <= generator.max_batch:
-            rate = rows * 2 / batch.cost(rows * 2).verify_time(1)
-            if rate < gain * best:
-                break
-            rows, best = rows * 2, rate
-    return rows

@@ -103,29 +103,12 @@ class Generator:
         return self.last_result
 
     def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 128,
-               k: int | Literal["auto"] = "auto",
-               temperature: float | None = None, top_k: int | None = None,
-               top_p: float | None = None, seed: int | None = None,
-               stop: Sequence[str] | None = None, mode: Mode | None = None,
-               repetition_penalty: float | None = None,
-               presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-               logit_bias: dict[int, float] | None = None, min_new_tokens: int = 0,
-               ignore_eos: bool = False, coupling: str = "auto") -> Iterator[str]:
+               k: int | Literal["auto"] = "auto", **settings: Any) -> Iterator[str]:
         """Yield text pieces as tokens are accepted; `last_result` holds the whole result.
-        Unset temperature, top_k, top_p and repetition_penalty take `defaults()`, an unset
-        mode the one the generator was loaded for; `ignore_eos` generates on past EOS
-        (benchmarks of a fixed length). `coupling` (sampling.COUPLINGS): with a seed, by
-        default, the tokens are the target alone's for that seed whatever k, mode or
-        backend; "rejection" keeps the rule that accepts most. Bad settings raise
-        ConfigError here, before the first piece."""
-        req = self.request(prompt, max_new_tokens, k, temperature=temperature, top_k=top_k,
-                           top_p=top_p, seed=seed, stop=stop, mode=mode,
-                           repetition_penalty=repetition_penalty,
-                           presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                           logit_bias=logit_bias, min_new_tokens=min_new_tokens,
-                           ignore_eos=ignore_eos, coupling=coupling)
-        return self._pieces(req.ids, req.rule, req.eos_ids, req.max_new_tokens, req.k, req.stop,
-                            req.mode, req.kind)
+        `settings` are request()'s: temperature, top_k, top_p, seed, stop, mode,
+        repetition/presence/frequency penalties, logit_bias, min_new_tokens, ignore_eos,
+        coupling. Bad settings raise ConfigError here, before the first piece."""
+        return self._pieces(self.request(prompt, max_new_tokens, k, **settings))
 
     def request(self, prompt: str | Sequence[int], max_new_tokens: int = 128,
                 k: int | Literal["auto"] = "auto",
@@ -137,8 +120,14 @@ class Generator:
                 logit_bias: dict[int, float] | None = None, min_new_tokens: int = 0,
                 ignore_eos: bool = False, coupling: str = "auto", fused: bool = True) -> Request:
         """One sequence's settings, checked (ConfigError), with its acceptance rule: what
-        stream() decodes, and what a batch (batch.py) takes per sequence. `fused=False`: the
-        rule decides on the host even where the bundle's heads could (batches do)."""
+        stream() decodes, and what a batch (batch.py) takes per sequence.
+
+        Unset temperature, top_k, top_p and repetition_penalty take `defaults()`, an unset
+        mode the one the generator was loaded for; `ignore_eos` generates on past EOS
+        (benchmarks of a fixed length). `coupling` (sampling.COUPLINGS): with a seed, by
+        default, the tokens are the target alone's for that seed whatever k, mode or
+        backend; "rejection" keeps the rule that accepts most. `fused=False`: the rule
+        decides on the host even where the bundle's heads could (batches do)."""
         if logit_bias is not None and not isinstance(logit_bias, dict):
             raise ConfigError(f"logit_bias must be a dict {{token id: bias}}, not "
                               f"{type(logit_bias).__name__}.")
@@ -220,10 +209,12 @@ class Generator:
 
     def _take(self, what: str) -> None:
         if not self._busy.acquire(blocking=False):
-            raise ConfigError(f"this Generator is already decoding (a stream or a batch holds "
-                              f"its KV slots), so {what} cannot start. ---> HINT: finish or "
-                              f"close() the other first, or add the sequences to one batch "
-                              f"(gen.batch()), or load a second Generator.")
+            raise ConfigError(f"this Generator is already decoding another sequence (a stream "
+                              f"or a batch holds its KV slots), so {what} cannot start. "
+                              f"---> HINT: finish or close() the other first, decode them "
+                              f"together in one batch (gen.batch(), generate_batch), or load "
+                              f"a second Generator (ssd-serve batches or queues requests for "
+                              f"you).")
 
     def defaults(self, openai: bool = False) -> dict[str, float]:
         """What an unset temperature, top_k, top_p or repetition_penalty means: the value the
@@ -237,31 +228,25 @@ class Generator:
                 "top_p": g.get("top_p", 1.0) if sample else 1.0,
                 "repetition_penalty": g.get("repetition_penalty", 1.0)}
 
-    def _pieces(self, *args) -> Iterator[str]:
-        """One sequence at a time: both models keep one KV cache (batch 1), so a second stream
-        decoding beside the first (interleaved, or from another thread) would overwrite its
-        rows and give wrong tokens. Taken when decoding starts, freed when the stream ends or
-        is closed (ssd-serve queues its requests, one at a time)."""
-        if not self._busy.acquire(blocking=False):
-            raise ConfigError("this Generator is already decoding another sequence (one KV cache "
-                              "per model: one sequence at a time). ---> HINT: finish or close() "
-                              "the other stream first, or load a second Generator for "
-                              "concurrent sequences (ssd-serve queues requests for you).")
+    def _pieces(self, req: Request) -> Iterator[str]:
+        """One user of the KV slots at a time: a second stream decoding beside the first
+        (interleaved, or from another thread) would overwrite its rows and give wrong tokens.
+        Taken when decoding starts, freed when the stream ends or is closed."""
+        self._take("another sequence")
         try:
-            yield from self._decode(*args)
+            yield from self._decode(req)
         finally:
             self._busy.release()
 
-    def _decode(self, ids: list[int], rule, eos_ids: set[int], max_new_tokens: int,
-                k: int | str, stop: Sequence[str] | None, mode: Mode,
-                kind: str) -> Iterator[str]:
+    def _decode(self, req: Request) -> Iterator[str]:
+        ids, rule, eos_ids, k, mode = req.ids, req.rule, req.eos_ids, req.k, req.mode
         stats = Stats(backend=self.backend, k=k, prompt_tokens=len(ids), mode=mode,
                       threads=f"{self.target.threads}:{self.draft.threads}")
-        text = TextStream(self.codec, list(stop or []))
-        schedule = self._adaptive(kind, mode) if k == "auto" else FixedK(k)
+        text = TextStream(self.codec, req.stop)
+        schedule = self._adaptive(req.kind, mode) if k == "auto" else FixedK(k)
         drafter = DRAFTERS[mode](self.draft, rule, schedule,
                                  (self.manifest.target.vocab_size, self.manifest.draft.vocab_size))
-        rounds = decode(self.target, drafter, rule, ids, max_new_tokens, schedule, eos_ids,
+        rounds = decode(self.target, drafter, rule, ids, req.max_new_tokens, schedule, eos_ids,
                         stats)
         try:
             for new in rounds:

@@ -389,8 +389,8 @@ def work_done(before: dict | None, after: dict | None, summary: dict, costs: dic
         accepted = d.get("ssd_accepted_tokens_total", 0)
         prompt = d.get("ssd_prompt_tokens_total", 0)
         rounds = d["ssd_rounds_total"] if "ssd_rounds_total" in d else g - accepted
-        batch = sorted(k for k in d if "batch" in k and k.endswith("_count"))
-        if batch:
+        batch = sorted(k for k in d if "batch" in k and k.endswith("_count") and d[k] > 0)
+        if batch:                   # a batching server counts its rounds (one call each)
             calls, basis = d[batch[0]], f"/metrics; target calls = {batch[0]}"
         else:
             calls, basis = rounds + n, "/metrics; target calls = rounds + requests (no batch metric)"

@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..batch import choose_slots
+from ..batch_cost import choose_slots
 from ..errors import SsdError
 from ..generator import Generator
 from .chat import ChatTemplate

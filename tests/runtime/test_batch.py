@@ -56,7 +56,13 @@ def batch_prompts() -> list[dict]:
             dict(prompt=prompt_ids(1) + [9, 9], max_new_tokens=NEW - 3)]
 
 
-@pytest.mark.parametrize("target,draft,graph", PAIRS, ids=[f"{t}+{d}-{g}" for t, d, g in PAIRS])
+# the fast subset (-m "not slow") keeps one pair per flavour
+RUNS = [pytest.param(*p, marks=() if p in (("llama", "llama_cut", "auto"),
+                                           ("llama", "llama_cut", "standard"))
+                     else pytest.mark.slow) for p in PAIRS]
+
+
+@pytest.mark.parametrize("target,draft,graph", RUNS, ids=[f"{t}+{d}-{g}" for t, d, g in PAIRS])
 def test_batch_equals_each_sequence_alone(bundle_factory, hf_reference, target, draft, graph):
     gen = Generator.load(bundle_factory(target, draft, graph=graph), max_batch=4, threads=1)
     prompts = batch_prompts()
@@ -112,6 +118,7 @@ def small_batch(small_vocab_bundle):
     return Generator.load(bundle, max_batch=4, threads=1), target_dir
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 4])
 def test_unseeded_sampling_in_a_batch_follows_the_target(small_batch, k):
     """Two sequences of one setting sampled beside two of other settings (rejection rule)."""
@@ -198,7 +205,7 @@ def test_batch_cost_model_prices_each_batch_size(bundle_factory):
     """k under load: the draft step and verification are measured per batch size, the
     chosen k maximises the batch's expected tokens per second, and falls to 0 when a draft
     step costs as much as a verification (speculation no longer pays)."""
-    from ssd_runtime.batch import BatchCost
+    from ssd_runtime.batch_cost import BatchCost
     from ssd_runtime.perf import Acceptance
 
     gen = Generator.load(bundle_factory("llama", "llama_cut"), max_batch=4, threads=1)

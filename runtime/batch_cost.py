@@ -1,0 +1,97 @@
+"""k under load: what a batch's calls cost at each batch size, and the k that pays most.
+
+    rate(k) = Σ_b (1 - α_b^(k+1)) / (1 - α_b)  /  (k·d(B) + V(B, k+1))
+
+d(B) is a draft step and V(B, T) a verification of T tokens, each a call over B rows,
+timed on this machine in the loop's own pattern (draft steps, then a verification);
+α_b is sequence b's own acceptance. docs/design.md §11.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from time import perf_counter
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .perf import expected_tokens
+
+if TYPE_CHECKING:
+    from .backends.base import ModelSession
+    from .generator import Generator
+
+PROBE_LENGTHS = (1, 2, 3, 5, 9, 17)    # verification lengths timed per batch size
+
+
+@dataclass(frozen=True)
+class BatchCost:
+    """Seconds of a draft step and of verifications of T tokens, for calls of `rows` rows."""
+
+    rows: int
+    draft_step: float
+    verify: tuple[tuple[int, float], ...]      # (T, seconds), T rising
+
+    def verify_time(self, length: int) -> float:
+        ts, secs = zip(*self.verify)
+        return float(np.interp(length, ts, secs))
+
+    def round_time(self, k: int) -> float:
+        return k * self.draft_step + self.verify_time(k + 1)
+
+
+def best_k(sequences: list[tuple[float, int | None]], cost: BatchCost, max_k: int) -> int:
+    """The k in [0, max_k] that maximises expected tokens per second for `sequences`, each
+    (its α, its own cap on k or None): a capped sequence gains only up to its cap, and pays
+    the batch's round all the same (its rows are padded to the longest)."""
+    def rate(k: int) -> float:
+        tokens = sum(expected_tokens(alpha, k if cap is None else min(k, cap))
+                     for alpha, cap in sequences)
+        return tokens / cost.round_time(k)
+
+    return max(range(max_k + 1), key=rate)
+
+
+def measure(target: ModelSession, draft: ModelSession, rows: int, target_past: np.ndarray,
+            draft_past: np.ndarray, max_draft: int, repeats: int = 3) -> BatchCost:
+    """Median times of calls over `rows` rows, each row written at its given length (a live
+    sequence's valid length: only rows past it are written); empty rows (0) at 64."""
+    lengths = [t for t in PROBE_LENGTHS if t <= max_draft + 1]
+    fits = target.max_context - max(lengths) - 1
+    if int(target_past.max()) > fits or int(draft_past.max()) > fits:
+        return BatchCost(rows, 0.0, ((1, 1.0),))    # no room to time: k = 0 here
+    target_past = np.where(target_past == 0, min(64, fits), target_past)
+    draft_past = np.where(draft_past == 0, min(64, fits), draft_past)
+    drafts: list[float] = []
+    verify: dict[int, list[float]] = {t: [] for t in lengths}
+    one = np.zeros((rows, 1), np.int64)
+    for r in range(repeats + 1):                  # the first pass warms up
+        for t in lengths:
+            for _ in range(t - 1):
+                t0 = perf_counter()
+                draft.forward_rows(one, draft_past)
+                if r:
+                    drafts.append(perf_counter() - t0)
+            t0 = perf_counter()
+            target.forward_rows(np.zeros((rows, t), np.int64), target_past)
+            if r:
+                verify[t].append(perf_counter() - t0)
+    times = np.maximum.accumulate([float(np.median(verify[t])) for t in lengths])
+    return BatchCost(rows, float(np.median(drafts)) if drafts else 0.0,
+                     tuple(zip(lengths, map(float, times))))
+
+
+def choose_slots(generator: Generator, k: int | str = 0, gain: float = 1.1) -> int:
+    """How many sequences to decode together: double the batch while a round of one-token
+    steps for all of them serves at least `gain` times the tokens per second of half as many
+    (measured); past that, more slots add latency, not throughput. 1 where the generator
+    has one slot."""
+    if generator.max_batch == 1:
+        return 1
+    with generator.batch(k) as batch:
+        rows, best = 1, 1 / batch.cost(1).verify_time(1)
+        while rows * 2 <= generator.max_batch:
+            rate = rows * 2 / batch.cost(rows * 2).verify_time(1)
+            if rate < gain * best:
+                break
+            rows, best = rows * 2, rate
+    return rows
