@@ -208,14 +208,13 @@ def check_batch(root: Path, manifest: Any, role: str, rows: int = 3, seed: int =
     """The graph as the runtime batches it (docs/design.md §11): rows at different past
     lengths with different numbers of real new tokens in one call give each row's logits as
     that row alone does. Returns the largest difference; raises ParityError past tolerance."""
-    from ssd_runtime.backends.ort import OrtCpuSession
+    from ssd_runtime.backends import cpu_session
 
     entry = getattr(manifest, role)
     rows = min(rows, manifest.max_batch)
     width = min(3, manifest.max_draft + 1)
     pasts = [min(p, manifest.max_context - width) for p in (1, 5, 12)][:rows]
-    session = OrtCpuSession(role, root / entry.path, entry, manifest.max_context,
-                            manifest.max_draft + 2, threads=1, max_batch=rows)
+    session = cpu_session(role, root, manifest, threads=1, max_batch=rows)
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, entry.vocab_size, size=(rows, max(pasts) + width), dtype=np.int64)
     real = np.asarray([width - b % width for b in range(rows)], np.int64)   # 3, 2, 1 real

@@ -70,6 +70,17 @@ def open_backend(root: Path, manifest: Manifest, backend: str = "auto",
     raise AssertionError("a plan always ends with a backend that raises or opens")
 
 
+def cpu_session(name: str, root: Path, manifest: Manifest, threads: int = 1,
+                max_batch: int = 1) -> ModelSession:
+    """One model of a bundle ("target" or "draft") on ONNX Runtime's CPU provider, as the loop
+    runs it (the exporter checks its graphs through this)."""
+    from .ort import OrtCpuSession
+
+    entry = getattr(manifest, name)
+    return OrtCpuSession(name, root / entry.path, entry, manifest.max_context,
+                         manifest.max_draft + 2, threads, max_batch)
+
+
 def probe(manifest: Manifest, requested: str) -> Facts:
     """The facts `plan` needs; TensorRT is only looked at when it could be chosen."""
     import onnxruntime as ort
