@@ -167,7 +167,25 @@ def _check_node(node: onnx.NodeProto, graph: str, types: dict[str, int],
             names = ", ".join(sorted(TensorProto.DataType.Name(t) for t in allowed))
             out += finding(f"{tensor!r} is {TensorProto.DataType.Name(elem)}; TensorRT 10 takes "
                            f"{op} on {names}")
-    return out + _restrictions(node, op, constants, finding)
+    return out + _restrictions(node, op, constants, finding) + _blocked(node, types, finding)
+
+
+def _blocked(node, types: dict[str, int], finding) -> list[Finding]:
+    """Blockwise DequantizeLinear (weight-only quantization, docs/design.md §12): TensorRT 10
+    blocks INT4 and FP4 weights only, and its quantization is symmetric (no zero point)."""
+    if node.op_type != "DequantizeLinear":
+        return []
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    if not attrs.get("block_size"):
+        return []
+    blockable = {_ONNX_TYPES["INT4"], _ONNX_TYPES["FP4"]}
+    elem = types.get(node.input[0])
+    if elem is not None and elem not in blockable:
+        return finding(f"blocked quantization of {TensorProto.DataType.Name(elem)}; TensorRT 10 "
+                       f"blocks INT4 and FP4 weights only")
+    if len(node.input) > 2 and node.input[2]:
+        return finding("a zero point; TensorRT's quantization is symmetric")
+    return []
 
 
 def _restrictions(node, op: str, constants: dict, finding) -> list[Finding]:

@@ -27,6 +27,12 @@ QUANTS = (NO_QUANT, "int8", "int4")
 # as 1.32 does; 4-bit gives 1.32's logits from 1.20 on.
 ORT_FLAVOUR_MIN = (1, 20)
 QUANT_MIN = {"int4": (1, 20), "int8": (1, 22)}
+# How quantized weights are written (docs/design.md §12): ONNX Runtime's MatMulNBits (CPU
+# kernels; the form QUANT_MIN was measured on), or blockwise DequantizeLinear feeding a MatMul
+# (opset 21: standard ONNX, which TensorRT 10 and ONNX Runtime's CPU and CUDA providers take;
+# onnxruntime reads opset 21 from 1.18 on)
+MATMULNBITS, DEQUANTIZE = "MatMulNBits", "DequantizeLinear"
+DEQUANTIZE_MIN = (1, 18)
 # Mixture-of-experts layers: "none", "dense" (every expert on every token, plain ONNX: any
 # backend) or "kernel" (ONNX Runtime's com.microsoft::MoE, the routed experts only; "ort"
 # flavour). Measured: 1.20-1.22 refuse the kernel's SwiGLU attributes, 1.23.0 has no CPU
@@ -55,12 +61,13 @@ def runs_ort_flavour(onnxruntime_version: str) -> bool:
     return version_tuple(onnxruntime_version) >= ORT_FLAVOUR_MIN
 
 
-def oldest_onnxruntime(graph: str, quant: str, moe: str = "none"
+def oldest_onnxruntime(graph: str, quant: str, moe: str = "none", form: str = MATMULNBITS
                        ) -> tuple[tuple[int, ...], str] | None:
-    """The oldest onnxruntime a graph with this flavour, these weights and these MoE layers
-    needs, and what needs it; None when any release does."""
+    """The oldest onnxruntime a graph with this flavour, these weights (written in `form`)
+    and these MoE layers needs, and what needs it; None when any release does."""
+    quant_min = QUANT_MIN if form == MATMULNBITS else dict.fromkeys(QUANT_MIN, DEQUANTIZE_MIN)
     needs = ([(ORT_FLAVOUR_MIN, "the 'ort' graph flavour")] if graph == ORT else []) + \
-        ([(QUANT_MIN[quant], f"{quant} weights")] if quant in QUANT_MIN else []) + \
+        ([(quant_min[quant], f"{quant} {form} weights")] if quant in quant_min else []) + \
         ([(MOE_KERNEL_MIN, "ONNX Runtime's MoE kernel")] if moe == "kernel" else [])
     return max(needs) if needs else None
 

@@ -15,7 +15,7 @@ from . import contract
 from .errors import BundleError
 
 FORMAT = "ssd-bundle"
-SCHEMA_VERSION = 6          # 2: models carry "graph" (flavour); 1 reads as "standard"
+SCHEMA_VERSION = 7          # 2: models carry "graph" (flavour); 1 reads as "standard"
                             # 3: models carry "quant" (weights); 1 and 2 read as "none"
                             # 4: models carry "moe" (how MoE layers run); 1-3 read as "none"
                             # 5: tokenizer carries "special_tokens" (text), "split_special_tokens"
@@ -23,6 +23,10 @@ SCHEMA_VERSION = 6          # 2: models carry "graph" (flavour); 1 reads as "sta
                             # 6: "max_batch", the largest batch the graphs were exported and
                             #    checked for with rows of their own lengths (docs/design.md
                             #    §11); 1-5 read as 1
+                            # 7: models carry "quant_scheme" (bits, block, method, form, ...) and
+                            #    "quant_quality" (the report against the float model), and a
+                            #    target may be quantized (docs/design.md §12); 1-6 read as {},
+                            #    their quantized drafts as MatMulNBits
 MAX_BATCH = 64              # the batch axis' bound in the traced graphs (graphs/trace.py)
 MANIFEST_NAME = "manifest.json"
 _HINT = "---> HINT: re-run ssd-export to rebuild the bundle."
@@ -48,13 +52,24 @@ class ModelEntry:
     graph: str = "standard"   # contract.GRAPHS: "standard" (any backend) or "ort" (ORT CPU)
     quant: str = "none"       # contract.QUANTS: "none", or weight-only "int8"/"int4" (ORT CPU)
     quant_agreement: float | None = None   # top-1 agreement with the float graph, if quantized
+    quant_scheme: dict[str, Any] = field(default_factory=dict)   # qweights.Scheme, if quantized
+    quant_quality: dict[str, Any] = field(default_factory=dict)  # the target's report (§12)
     moe: str = "none"         # contract.MOES: MoE layers "none", "dense" or "kernel" (ORT's MoE)
 
     @property
+    def quant_form(self) -> str:
+        """How quantized weights are written: contract.MATMULNBITS (ONNX Runtime's CPU contrib
+        op; every quantized graph before schema 7) or contract.DEQUANTIZE (standard ONNX)."""
+        if self.quant == contract.NO_QUANT:
+            return ""
+        return str(self.quant_scheme.get("form", contract.MATMULNBITS))
+
+    @property
     def cpu_only(self) -> str:
-        """What makes this graph CPU-only ("" if nothing): the "ort" flavour, quantized weights."""
+        """What makes this graph CPU-only ("" if nothing): the "ort" flavour, MatMulNBits."""
         what = (["the 'ort' graph flavour"] if self.graph == contract.ORT else []) + \
-            ([f"{self.quant} weights"] if self.quant != contract.NO_QUANT else [])
+            ([f"{self.quant} MatMulNBits weights"] if self.quant_form == contract.MATMULNBITS
+             else [])
         return " with ".join(what)
 
 

@@ -14,7 +14,8 @@ from typing import get_args
 from ssd_runtime.engines import PRECISIONS
 from ssd_runtime.errors import cli_main
 
-from .config import DType, Engines, ExportConfig, Graph, Quant
+from .config import (QUANT_BLOCKS, DType, Engines, ExportConfig, Graph, Quant, QuantCompute,
+                     QuantMethod, TargetQuant)
 
 EXTRA_HINT = ("ssd-export needs the exporter's packages (torch, transformers, onnx, onnxscript). "
               "---> HINT: pip install 'ssd-toolkit[export]'")
@@ -51,6 +52,29 @@ def build_parser() -> argparse.ArgumentParser:
                         "output, only how many draft tokens are accepted; auto (default) is int8 "
                         "when the graphs are the ort flavour and the int8 draft agrees with the "
                         "float one on >= 97%% of its tokens, else none")
+    p.add_argument("--quant", choices=get_args(TargetQuant), default="none",
+                   help="the target's weights: int8/int4 weight-only, symmetric blocks "
+                        "(MatMulNBits in the ort flavour, blockwise DequantizeLinear in the "
+                        "standard one); the quantized target becomes the reference the output "
+                        "is exact against; a quality report against the float target is "
+                        "printed and recorded; auto takes int4, else int8, when it agrees with "
+                        "the float target on enough next tokens (default none)")
+    p.add_argument("--quant-block", type=int, choices=QUANT_BLOCKS, default=32,
+                   help="weights per scale along K (default 32)")
+    p.add_argument("--quant-method", choices=get_args(QuantMethod), default="rtn",
+                   help="rtn: round to nearest (default); hqq: ONNX Runtime's Half-Quadratic "
+                        "Quantization (int4, the ort flavour)")
+    p.add_argument("--quant-lm-head", action=argparse.BooleanOptionalAction, default=True,
+                   help="quantize the LM head too (default; --no-quant-lm-head keeps it float)")
+    p.add_argument("--quant-compute", choices=get_args(QuantCompute), default="int8",
+                   help="what the quantized MatMuls compute in: int8 (default) rounds each "
+                        "block of activations to int8, the fast CPU kernels, whose results "
+                        "for a row vary slightly with the rows computed beside it, so that "
+                        "speculative output may differ from k=0 at near-ties (docs/runtime.md); "
+                        "float computes in float32: exact against k=0, slower (int4 only)")
+    p.add_argument("--calib", metavar="FILE.jsonl",
+                   help="text for the quantization report, one {\"text\": ...} a line (its last "
+                        "tenth is held out); default: Python's standard-library docstrings")
     p.add_argument("--force", action="store_true", help="replace an existing --output")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--list-architectures", action="store_true",
@@ -74,7 +98,10 @@ def main(argv: list[str] | None = None) -> int:
                           max_context=args.max_context, max_draft=args.max_draft,
                           max_batch=args.max_batch, dtype=args.dtype, force=args.force, quiet=args.quiet,
                           engines=args.engines, engine_precision=args.engine_precision,
-                          graph=args.graph, draft_quant=args.draft_quant)
+                          graph=args.graph, draft_quant=args.draft_quant, quant=args.quant,
+                          quant_block=args.quant_block, quant_method=args.quant_method,
+                          quant_lm_head=args.quant_lm_head, quant_compute=args.quant_compute,
+                          calib=args.calib)
     try:
         from .pipeline import export_bundle
     except ImportError as exc:

@@ -12,6 +12,11 @@ DType = Literal["float32", "float16"]
 Engines = Literal["trt", "none", "auto"]       # auto: build when TensorRT and a GPU are here
 Graph = Literal["auto", "standard", "ort"]     # auto: "ort" unless the bundle is for a GPU
 Quant = Literal["auto", "none", "int8", "int4"]   # the draft's weights; auto: int8 on a CPU bundle
+                                                  # or the target's kind when it is quantized
+TargetQuant = Literal["none", "int8", "int4", "auto"]   # auto: int4, else int8, by agreement
+QuantMethod = Literal["rtn", "hqq"]
+QuantCompute = Literal["int8", "float"]     # the quantized MatMuls' activations (§12)
+QUANT_BLOCKS = (32, 64, 128)
 DEFAULT_MAX_CONTEXT = 2048
 
 
@@ -30,6 +35,12 @@ class ExportConfig:
     engine_precision: Precision = "fp16"
     graph: Graph = "auto"
     draft_quant: Quant = "auto"
+    quant: TargetQuant = "none"     # the target's weights (docs/design.md §12)
+    quant_block: int = 32
+    quant_method: QuantMethod = "rtn"
+    quant_lm_head: bool = True
+    quant_compute: QuantCompute = "int8"
+    calib: str | None = None        # JSONL of {"text": ...}: held-out text for the report
 
     def __post_init__(self) -> None:
         """From Python as from the CLI: paths may be strings, and a value outside a closed set
@@ -38,7 +49,12 @@ class ExportConfig:
         object.__setattr__(self, "target", str(self.target))
         object.__setattr__(self, "draft", str(self.draft))
         for name, kind in (("dtype", DType), ("engines", Engines), ("graph", Graph),
-                           ("draft_quant", Quant), ("engine_precision", Precision)):
+                           ("draft_quant", Quant), ("engine_precision", Precision),
+                           ("quant", TargetQuant), ("quant_method", QuantMethod),
+                           ("quant_compute", QuantCompute)):
             if getattr(self, name) not in get_args(kind):
                 raise ConfigError(f"ExportConfig {name}={getattr(self, name)!r} is not one of "
                                   f"{', '.join(get_args(kind))}.")
+        if self.quant_block not in QUANT_BLOCKS:
+            raise ConfigError(f"ExportConfig quant_block={self.quant_block!r} is not one of "
+                              f"{', '.join(map(str, QUANT_BLOCKS))}.")

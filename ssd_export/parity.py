@@ -31,11 +31,12 @@ def ort_errors() -> tuple[type[Exception], ...]:
 
 
 def check_parity(model: Any, onnx_path: Path, role: str, max_draft: int, dtype: str,
-                 max_context: int, seed: int = 0, graph: str = contract.STANDARD
-                 ) -> dict[str, float]:
+                 max_context: int, seed: int = 0, graph: str = contract.STANDARD,
+                 session_config: dict[str, str] | None = None) -> dict[str, float]:
     """Return the max abs differences per output; raise ParityError past tolerance.
 
     The "ort" flavour runs as the runtime runs it: caches bound as both past and present.
+    `session_config`: ONNX Runtime session config entries for the check's session.
     """
     import onnxruntime as ort
     import torch
@@ -61,6 +62,8 @@ def check_parity(model: Any, onnx_path: Path, role: str, max_draft: int, dtype: 
     opts = ort.SessionOptions()
     opts.log_severity_level = 4      # a failing run raises, and is reported (or, under --graph
     #                                  auto, falls back to standard) without ORT's own log lines
+    for key, value in (session_config or {}).items():
+        opts.add_session_config_entry(key, value)
     session = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
     n_layers = _layers(session)
     worst: dict[str, float] = {"logits": 0.0, "new_key": 0.0, "new_value": 0.0}

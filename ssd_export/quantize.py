@@ -14,7 +14,6 @@ to int8 inside the kernel, VNNI/AVX-512 where the CPU has them).
 """
 from __future__ import annotations
 
-import logging
 import shutil
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from ssd_runtime import contract
 from ssd_runtime.errors import BackendError, ConfigError
 
 from .parity import ort_errors, run_whole
+from .qweights import Scheme, rewrite
 
 BITS = {"int8": 8, "int4": 4}     # the quantized kinds of contract.QUANTS
 BLOCK = 32
@@ -33,11 +33,12 @@ MIN_AGREEMENT = 0.97      # --draft-quant auto keeps the float draft below this 
 
 
 def quantize_draft(traced: TracedModel, requested: str, dtype: str, max_context: int,
-                   log) -> tuple[str, float | None]:
+                   log, follow: str = contract.NO_QUANT) -> tuple[str, float | None]:
     """Quantize the draft's weights in place when chosen (the module says why it pays), and
     measure its top-1 agreement with the float graph. Under auto a draft that agrees on fewer
-    than MIN_AGREEMENT of its tokens stays float; asked for explicitly it is kept, with a note."""
-    quant, why = choose_quant(requested, traced.graph)
+    than MIN_AGREEMENT of its tokens stays float; asked for explicitly it is kept, with a note.
+    `follow`: the target's weights, which auto takes when the target is quantized."""
+    quant, why = choose_quant(requested, traced.graph, follow)
     log.print(f"    draft weights: {quant} ({why})")
     if quant == contract.NO_QUANT:
         return quant, None
@@ -68,9 +69,13 @@ def _quantize_checked(path: Path, float_path: Path, quant: str, requested: str,
     quantizer or its kernels) is an error when asked for explicitly, else 0 MatMuls; any other
     exception is a bug and propagates."""
     try:
-        count = quantize_graph(path, quant)
+        count = quantize_graph(path, quant, traced.graph)
         agreement = top1_agreement(float_path, path, traced.graph, dtype, traced.vocab_size,
                                    max_context)
+    except ConfigError as exc:         # a block size that does not divide a weight's K
+        if requested != "auto":
+            raise
+        return 0, 0.0, str(exc).split(" ---> ")[0]
     except (BackendError, *ort_errors()) as exc:
         if requested != "auto":
             raise ConfigError(f"--draft-quant {quant}: ONNX Runtime could not quantize or run "
@@ -82,59 +87,28 @@ def _quantize_checked(path: Path, float_path: Path, quant: str, requested: str,
     return count, agreement, why
 
 
-def quantize_graph(path: Path, quant: str) -> int:
+def draft_scheme(quant: str, graph: str) -> Scheme:
+    """The draft's scheme: blocks of 32, round to nearest, the LM head too; MatMulNBits at
+    accuracy level 4 (int8 activations: the faster kernel; the draft's exact values never
+    reach the output) in the ort flavour, DequantizeLinear in the standard one."""
+    if graph == contract.ORT:
+        return Scheme(BITS[quant], BLOCK, "rtn", True, contract.MATMULNBITS, ACCURACY_LEVEL)
+    return Scheme(BITS[quant], BLOCK, "rtn", True, contract.DEQUANTIZE)
+
+
+def quantize_graph(path: Path, quant: str, graph: str = contract.ORT) -> int:
     """Rewrite the ONNX graph at `path` (external data beside it) with `quant` weights in place;
     return how many MatMuls were quantized."""
     import onnx
-    from onnx import numpy_helper
 
-    DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer = _quantizer()
     model = onnx.load(str(path))
-    _fold_constant_transposes(model, numpy_helper)
-    config = DefaultWeightOnlyQuantConfig(block_size=BLOCK, is_symmetric=True,
-                                          accuracy_level=ACCURACY_LEVEL, bits=BITS[quant])
-    quantizer = MatMulNBitsQuantizer(model, algo_config=config)
-    try:
-        quantizer.process()
-    except (ValueError, NotImplementedError) as exc:   # how the quantizer refuses a graph
-        raise BackendError(f"ONNX Runtime's weight-only quantizer refuses {path}: "
-                           f"{(str(exc) or repr(exc)).splitlines()[0]}") from exc
-    quantized = quantizer.model.model
-    count = sum(n.op_type == "MatMulNBits" for n in quantized.graph.node)
+    count = len(rewrite(model, draft_scheme(quant, graph), 0, pad=True))   # the head too
     data = path.with_name(path.name + ".data")
     for old in (path, data):
         old.unlink(missing_ok=True)
-    onnx.save(quantized, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
               location=data.name, size_threshold=1024)
     return count
-
-
-def _quantizer():
-    """onnxruntime's weight-only quantizer, imported without the logging.basicConfig(INFO) it
-    runs on import (one line per node on stderr otherwise)."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    from onnxruntime.quantization import matmul_nbits_quantizer as module
-
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    module.logger.setLevel(logging.WARNING)
-    return module.DefaultWeightOnlyQuantConfig, module.MatMulNBitsQuantizer
-
-
-def _fold_constant_transposes(model, numpy_helper) -> None:
-    """Transpose(initializer) feeding a MatMul's B becomes an initializer of its own, so that
-    the quantizer sees a constant B: a tied lm_head (MatMul(x, Transpose(embedding)))."""
-    inits = {i.name: i for i in model.graph.initializer}
-    feeds_matmul_b = {n.input[1] for n in model.graph.node if n.op_type == "MatMul"}
-    for node in list(model.graph.node):
-        if (node.op_type == "Transpose" and node.input[0] in inits
-                and node.output[0] in feeds_matmul_b):
-            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
-            array = numpy_helper.to_array(inits[node.input[0]])
-            folded = np.ascontiguousarray(np.transpose(array, perm))
-            model.graph.initializer.append(numpy_helper.from_array(folded, node.output[0]))
-            model.graph.node.remove(node)
 
 
 def top1_agreement(float_path: Path, quant_path: Path, graph: str, dtype: str, vocab: int,
@@ -178,7 +152,8 @@ def check_request(requested: str) -> None:
                           f"--draft-quant none.")
 
 
-def choose_quant(requested: str, draft_graph: str) -> tuple[str, str]:
+def choose_quant(requested: str, draft_graph: str, follow: str = contract.NO_QUANT
+                 ) -> tuple[str, str]:
     """The draft weights to write, and why."""
     import onnxruntime as ort
 
@@ -186,6 +161,8 @@ def choose_quant(requested: str, draft_graph: str) -> tuple[str, str]:
     version = ort.__version__
     if requested != "auto":
         return requested, "--draft-quant"
+    if follow in BITS:
+        return follow, "as the target's (--quant)"
     if draft_graph != contract.ORT:
         return contract.NO_QUANT, "a standard graph, kept free of ONNX Runtime's CPU-only kernels"
     if contract.version_tuple(version) < contract.QUANT_MIN["int8"]:

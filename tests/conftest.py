@@ -95,21 +95,24 @@ def bundle_factory(models, tmp_path_factory):
     """export(target, draft) -> bundle folder, cached per pair for the session."""
     from ssd_export import ExportConfig, export_bundle
 
-    cache: dict[tuple[str, str, int, str, str], Path] = {}
+    cache: dict[tuple, Path] = {}
     root = tmp_path_factory.mktemp("bundles")
 
     def export(target: str, draft: str, max_context: int | None = None,
-               graph: str = "auto", draft_quant: str = "auto") -> Path:
+               graph: str = "auto", draft_quant: str = "auto", quant: str = "none",
+               quant_compute: str = "int8") -> Path:
         """graph: "auto" is what ssd-export writes here (the ort flavour where it fits);
         "standard" for what TensorRT and CUDA bundles carry. draft_quant: the draft's weights
         (auto: int8 on an ort bundle if it agrees with the float draft, which random tiny
-        drafts often do not; "int8"/"int4" always)."""
-        key = (target, draft, max_context or 0, graph, draft_quant)
+        drafts often do not, or the target's; "int8"/"int4" always). quant, quant_compute: the
+        target's weights and what its quantized MatMuls compute in."""
+        key = (target, draft, max_context or 0, graph, draft_quant, quant, quant_compute)
         if key not in cache:
-            out = root / f"{target}-{draft}-{max_context or 'd'}-{graph}-{draft_quant}"
+            out = root / "-".join(map(str, key))
             export_bundle(ExportConfig(target=str(models[target]), draft=str(models[draft]),
                                        output=out, max_context=max_context, quiet=True,
-                                       graph=graph, draft_quant=draft_quant))
+                                       graph=graph, draft_quant=draft_quant, quant=quant,
+                                       quant_compute=quant_compute))
             cache[key] = out
         return cache[key]
 

@@ -28,10 +28,18 @@ from ..manifest import ModelEntry
 from .base import DTYPES
 
 
-def session_options(threads: int | None):
+QDQ_ACCURACY = "session.qdq_matmulnbits_accuracy_level"
+
+
+def session_options(threads: int | None, entry: ModelEntry | None = None):
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
+    if entry is not None and entry.quant_form == contract.DEQUANTIZE:
+        # ONNX Runtime fuses DequantizeLinear + MatMul into MatMulNBits: compute as exported
+        # and checked (docs/design.md §12)
+        opts.add_session_config_entry(QDQ_ACCURACY,
+                                      str(entry.quant_scheme.get("accuracy_level", 4)))
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if threads:
         opts.intra_op_num_threads = threads
@@ -75,7 +83,8 @@ def _runner(session, binding):
 def _check_onnxruntime(name: str, entry: ModelEntry) -> None:
     import onnxruntime as ort
 
-    oldest = contract.oldest_onnxruntime(entry.graph, entry.quant, entry.moe)
+    oldest = contract.oldest_onnxruntime(entry.graph, entry.quant, entry.moe,
+                                         entry.quant_form or contract.MATMULNBITS)
     if oldest and contract.version_tuple(ort.__version__) < oldest[0]:
         need = contract.version_text(oldest[0])
         raise BackendError(f"the {name} graph has {oldest[1]}, which onnxruntime "
@@ -141,7 +150,7 @@ class OrtCpuSession:
     def _open(self, path: Path, threads: int | None):
         import onnxruntime as ort
 
-        return ort.InferenceSession(str(path), session_options(threads),
+        return ort.InferenceSession(str(path), session_options(threads, self.entry),
                                     providers=["CPUExecutionProvider"])
 
     def _allocate(self) -> None:

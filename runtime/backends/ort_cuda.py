@@ -65,7 +65,8 @@ class OrtCudaSession(OrtCpuSession):
         # choices match the Hugging Face model's (ORT's CUDA provider enables TF32 otherwise)
         providers = [(CUDA_PROVIDER, {"device_id": self.device_id, "use_tf32": 0}),
                      "CPUExecutionProvider"]
-        session = ort.InferenceSession(str(path), session_options(threads), providers=providers)
+        session = ort.InferenceSession(str(path), session_options(threads, self.entry),
+                                       providers=providers)
         # onnxruntime-gpu lists the CUDA provider even where it cannot load it, then falls
         # back to the CPU with a logged error only: ask the session what it really uses
         if CUDA_PROVIDER not in session.get_providers():

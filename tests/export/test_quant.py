@@ -5,7 +5,6 @@ import numpy as np
 import onnx
 import pytest
 from ssd_runtime import Generator
-from ssd_runtime.backends.ort_cuda import OrtCudaSession
 from ssd_runtime.errors import BackendError, ConfigError
 from ssd_runtime.manifest import read_manifest
 from test_bad_input import assert_clean_error, assert_nothing_written, export_cli
@@ -40,7 +39,7 @@ def test_a_quantized_draft_is_recorded_and_the_output_stays_the_targets(bundle_f
     found = ops(bundle / m.draft.path)
     assert found["MatMulNBits"] == matmuls and "MatMul" not in found, found   # the head too
     assert "MatMulNBits" not in ops(bundle / m.target.path)
-    assert f"the draft is the 'ort' graph flavour with {quant} weights" in m.cpu_only
+    assert f"the draft is the 'ort' graph flavour with {quant} MatMulNBits weights" in m.cpu_only
     reference = Generator.load(float_bundle)
     gen = Generator.load(bundle)
     for n in (1, 7, 40):
@@ -64,8 +63,9 @@ def test_every_architecture_takes_an_int8_draft_without_changing_the_output(bund
                                                                              arch):
     bundle = bundle_factory(arch, f"{arch}_cut", draft_quant="int8")
     m = read_manifest(bundle)
-    assert m.draft.quant == "int8" and "MatMulNBits" in ops(bundle / m.draft.path)
     assert m.draft.graph == ("standard" if arch == "falcon_alibi" else "ort")
+    form = "DequantizeLinear" if m.draft.graph == "standard" else "MatMulNBits"
+    assert m.draft.quant == "int8" and form in ops(bundle / m.draft.path)
     gen = Generator.load(bundle)
     expected = gen.generate(prompt_ids(7), max_new_tokens=32, k=0).token_ids
     for k in (3, "auto"):
@@ -118,21 +118,20 @@ def test_quantized_weights_and_tensorrt_refuse_each_other(models, tmp_path):
     out = tmp_path / "bundle"
     proc = export_cli(models["llama"], models["llama_cut"], out, "--draft-quant", "int8",
                       "--engines", "trt")
-    assert_clean_error(proc, "ssd-export", r"--draft-quant int8 cannot go with --engines trt.*"
-                                           r"--draft-quant none")
+    assert_clean_error(proc, "ssd-export", r"--draft-quant int8 cannot go with --engines trt: "
+                                           r"TensorRT 10 .* INT4 only.*--draft-quant int4 or none")
     assert_nothing_written(out)
 
 
-def test_a_standard_bundle_with_a_quantized_draft_is_cpu_only(bundle_factory):
+def test_a_standard_bundle_quantizes_its_draft_in_standard_onnx(bundle_factory):
+    """DequantizeLinear feeding MatMul: not CPU-only (ORT CUDA and TensorRT take it; TensorRT
+    blocks INT4 only, which its lint says at export)."""
     bundle = bundle_factory("llama", "llama_cut", graph="standard", draft_quant="int8")
     m = read_manifest(bundle)
     assert (m.target.graph, m.draft.graph, m.draft.quant) == ("standard", "standard", "int8")
-    assert m.cpu_only == "the draft is int8 weights, built for ONNX Runtime's CPU kernels"
-    with pytest.raises(BackendError, match=r"backend 'cuda'.*CPU-only \(int8 weights\).*"
-                                           r"--draft-quant none"):
-        OrtCudaSession("draft", bundle / m.draft.path, m.draft, m.max_context, 10, 1)
-    with pytest.raises(BackendError, match=r"no TensorRT path: the draft is int8 weights"):
-        Generator.load(bundle, backend="trt")
+    assert m.draft.quant_form == "DequantizeLinear" and m.cpu_only == ""
+    assert {"DequantizeLinear", "MatMul"} <= ops(bundle / m.draft.path).keys()
+    assert "MatMulNBits" not in ops(bundle / m.draft.path)
     gen = Generator.load(bundle)                           # and runs on the CPU, lossless
     expected = gen.generate(prompt_ids(7), max_new_tokens=32, k=0).token_ids
     assert gen.generate(prompt_ids(7), max_new_tokens=32, k=4).token_ids == expected
@@ -142,7 +141,8 @@ def test_onnxruntime_too_old_for_int8_weights_is_refused_naming_both_fixes(bundl
                                                                          monkeypatch):
     bundle = bundle_factory("llama", "llama_cut", draft_quant="int8")
     monkeypatch.setattr("onnxruntime.__version__", "1.21.1")
-    with pytest.raises(BackendError, match=r"the draft graph has int8 weights, which onnxruntime "
+    with pytest.raises(BackendError, match=r"the draft graph has int8 MatMulNBits weights, which "
+                                           r"onnxruntime "
                                            r"1\.21\.1 runs wrongly or not at all \(it needs 1\.22 "
                                            r"or newer\).*--draft-quant none"):
         Generator.load(bundle)
@@ -150,7 +150,7 @@ def test_onnxruntime_too_old_for_int8_weights_is_refused_naming_both_fixes(bundl
 
 def test_a_draft_onnxruntime_cannot_quantize_is_an_error_when_asked_and_float_under_auto(
         models, tmp_path, monkeypatch, capsys):
-    def refuse(path, quant):
+    def refuse(path, quant, graph):
         raise BackendError("no kernel for this graph")   # how quantize_graph says it
 
     monkeypatch.setattr("ssd_export.quantize.quantize_graph", refuse)

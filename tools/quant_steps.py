@@ -1,0 +1,75 @@
+"""Target step time and size of bundles side by side: float against quantized targets.
+
+    python tools/quant_steps.py BUNDLE [BUNDLE ...] [--past 128] [--rounds 5] [--json out.json]
+
+Each bundle's target is prefilled to `--past` rows; then, round by round (the bundles take
+turns, so the machine's drift hits all alike), each is called 30 times at 1 new token (a
+decode step) and at 9 (a verification of k=8). Reported: the median over rounds of each
+round's median, the spread over rounds, the ratio to the first bundle, and the target's size
+on disk. The sessions are the runtime's own (IO-bound, the arena in place).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ssd_runtime import Generator
+
+WIDTHS = (1, 9)
+CALLS = 30
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("bundles", nargs="+", type=Path)
+    p.add_argument("--past", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", type=Path)
+    args = p.parse_args()
+    gens = {b: Generator.load(b, backend="cpu", threads=args.threads) for b in args.bundles}
+    for gen in gens.values():
+        gen.target.prefill((np.arange(args.past) % 50).astype(np.int64))
+    times = {(b, w): [] for b in gens for w in WIDTHS}
+    for _ in range(args.rounds):
+        for b, gen in gens.items():
+            for w in WIDTHS:
+                ids = np.ones(w, np.int64)
+                gen.target.forward(ids, args.past)          # warm after the other bundles
+                calls = []
+                for _ in range(CALLS):
+                    start = time.perf_counter()
+                    gen.target.forward(ids, args.past)
+                    calls.append(time.perf_counter() - start)
+                times[b, w].append(statistics.median(calls) * 1e3)
+    first = args.bundles[0]
+    rows = []
+    for b, gen in gens.items():
+        entry = gen.manifest.target
+        files = [b / entry.path, b / (entry.path + ".data")]
+        size = sum(f.stat().st_size for f in files if f.exists())
+        row = {"bundle": str(b), "quant": entry.quant, "graph": entry.graph,
+               "scheme": entry.quant_scheme, "quality": entry.quant_quality,
+               "target_mb": round(size / 2**20, 1)}
+        for w in WIDTHS:
+            med = statistics.median(times[b, w])
+            base = statistics.median(times[first, w])
+            row[f"step{w}_ms"] = round(med, 3)
+            row[f"step{w}_spread_ms"] = [round(min(times[b, w]), 3), round(max(times[b, w]), 3)]
+            row[f"step{w}_speedup"] = round(base / med, 2)
+        rows.append(row)
+        print(f"{b}: target {entry.quant} ({entry.graph}), {row['target_mb']} MB; " + "; ".join(
+            f"{w} tok {row[f'step{w}_ms']} ms [{row[f'step{w}_spread_ms'][0]}-"
+            f"{row[f'step{w}_spread_ms'][1]}] {row[f'step{w}_speedup']}x" for w in WIDTHS))
+    if args.json:
+        args.json.write_text(json.dumps({"past": args.past, "rounds": args.rounds,
+                                         "calls": CALLS, "bundles": rows}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
