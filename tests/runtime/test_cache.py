@@ -161,3 +161,23 @@ def test_the_cache_folder_follows_the_environment(monkeypatch, tmp_path):
     assert cache.cache_dir() == tmp_path / "xdg" / "ssd"
     monkeypatch.delenv("XDG_CACHE_HOME")
     assert cache.cache_dir() == Path.home() / ".cache" / "ssd"
+
+
+@pytest.mark.parametrize("flag", [[], ["--recalibrate"]])
+def test_the_clis_recalibrate_switch(bundle, flag):
+    """ssd-run takes the remembered calibration, or with --recalibrate measures and
+    remembers a new one (ssd-bench and ssd-serve pass the switch to the same load)."""
+    load(bundle)
+    entry, = [p for p in (cache.cache_dir() / "measured").glob("*.json")
+              if json.loads(p.read_text())["key"]["what"] == "cost"]
+    planted = json.loads(entry.read_text())
+    planted["value"] = {"target_step": 1.0, "draft_step": 0.5,
+                        "verify": [1.0] * len(planted["value"]["verify"]),
+                        "draft_first": 0.5}
+    entry.write_text(json.dumps(planted))
+    proc = subprocess.run([sys.executable, "-m", "ssd_runtime.cli", str(bundle), "--prompt", "x",
+                           "--max-new-tokens", "4", "--backend", "cpu", *flag],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    kept = json.loads(entry.read_text())["value"] == planted["value"]
+    assert kept == (not flag)
