@@ -31,7 +31,10 @@ Stat = tuple[int, int, int, int, int]      # size, mtime_ns, ctime_ns, inode, de
 def cache_dir() -> Path:
     if os.environ.get(ENV):
         return Path(os.environ[ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    try:
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    except RuntimeError:           # no home folder: a path where nothing can be read or written
+        base = os.devnull
     return Path(base) / "ssd"
 
 
