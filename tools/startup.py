@@ -6,10 +6,11 @@ calibration, each in a fresh process (a new user's start, with the file pages ca
     python tools/startup.py /tmp/b135 --bench-prompts 3       # ssd-bench's calibrations' share
     python tools/startup.py /tmp/b135 --sessions 5            # what opening the target costs
 
-Stages: `verify` (the files' checksums), `sessions` (ONNX Runtime sessions opened: graph
-optimisation and weight packing), `threads` (timing 1 against every core, when threads are
-chosen), `rest` (the tokenizer, arenas, imports of the runtime), and `calibrate` (the c and
-v(k) of docs/design.md §6, on the first k="auto" call). The first run of a series starts
+Stages: `import` (the runtime and onnxruntime, before the load), `load` and in it `verify`
+(the files' checksums), `sessions` (ONNX Runtime sessions opened: graph optimisation and
+weight packing), `threads` (timing 1 against every core, when threads are chosen) and `rest`
+(the tokenizer, arenas); then `calibrate` (the c and v(k) of docs/design.md §6, on the first
+k="auto" call). The first run of a series starts
 from an empty cache (the cache dir is a temporary folder); the figures to read are the
 median and the range of the runs after it. Works on runtimes from before the cache too.
 `--bench-prompts N` instead runs ssd-bench's loop (k=0,4,auto at 2:1 threads, 128 new
@@ -32,14 +33,16 @@ import sys
 import tempfile
 import time
 
-STAGES = ("load", "verify", "sessions", "threads", "rest", "calibrate")
+STAGES = ("import", "load", "verify", "sessions", "threads", "rest", "calibrate")
 
 _CHILD = r"""
 import json, sys, time
+t0 = time.perf_counter()
+import onnxruntime
 from ssd_runtime import manifest as M, generator as G
 import ssd_runtime.backends as B
 from ssd_runtime.backends import ort as O
-spent = {"verify": 0.0, "sessions": 0.0, "threads": 0.0}
+spent = {"import": time.perf_counter() - t0, "verify": 0.0, "sessions": 0.0, "threads": 0.0}
 def timed(owner, name, stage):
     inner = getattr(owner, name)
     def wrapper(*args, **kwargs):
