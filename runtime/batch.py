@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 import numpy as np
 
+from . import cache
 from .batch_cost import BatchCost, best_k, measure
 from .errors import ConfigError
 from .loop import Stats
@@ -319,7 +320,7 @@ class Batch:
 
     def calibrate(self) -> None:
         """Measure what calls of 1, 2, 4, ... rows cost, up to this batch's slots (once per
-        generator: later batches find them cached)."""
+        generator, and remembered for later loads: later batches find them cached)."""
         rows = 1
         while True:
             self.cost(rows)
@@ -332,8 +333,11 @@ class Batch:
         the generator (in the loop's own pattern: draft steps, then a verification)."""
         size = min(1 << max(0, rows - 1).bit_length(), self.gen.max_batch)
         cached = self.gen._batch_costs.get(size)
-        if cached is None:
-            cached = self.gen._batch_costs[size] = self._measure(size)
+        if cached is None:                  # else remembered from an earlier load (cache.py)
+            cached = self.gen._batch_costs[size] = cache.remembered(
+                self.gen.measurement_key("batch", rows=size), lambda: self._measure(size),
+                BatchCost.record, lambda data: BatchCost.from_record(data, size),
+                redo=self.gen.recalibrate)
         return cached
 
     def _measure(self, rows: int) -> BatchCost:

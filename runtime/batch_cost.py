@@ -38,6 +38,21 @@ class BatchCost:
     def round_time(self, k: int) -> float:
         return k * self.draft_step + self.verify_time(k + 1)
 
+    def record(self) -> dict:
+        """As remembered on disk (cache.py), in seconds."""
+        return {"rows": self.rows, "draft_step": self.draft_step,
+                "verify": [list(pair) for pair in self.verify]}
+
+    @classmethod
+    def from_record(cls, data: dict, rows: int) -> BatchCost:
+        """A remembered measurement for `rows` rows, checked: ValueError if malformed."""
+        verify = tuple((int(t), float(s)) for t, s in data["verify"])
+        cost = cls(int(data["rows"]), float(data["draft_step"]), verify)
+        if cost.rows != rows or not verify or not 0 <= cost.draft_step < float("inf") or \
+                not all(0 < s < float("inf") for _, s in verify):
+            raise ValueError(f"batch cost {data!r}")
+        return cost
+
 
 def best_k(sequences: list[tuple[float, int | None]], cost: BatchCost, max_k: int) -> int:
     """The k in [0, max_k] that maximises expected tokens per second for `sequences`, each

@@ -58,21 +58,26 @@ def load_prompts(path: str | None) -> list[str]:
 
 def run_bench(bundle: str, configs: list[Config], prompts: list[str], max_new_tokens: int,
               temperature: float, repeats: int, backend: str = "auto",
-              coupling: str = "rejection") -> dict:
+              coupling: str = "rejection", recalibrate: bool = False) -> dict:
     from .generator import Generator
 
     placements = sorted({c.threads for c in configs})
-    gens = {t: Generator.load(bundle, backend=backend, threads=t) for t in placements}
+    gens = {t: Generator.load(bundle, backend=backend, threads=t, recalibrate=recalibrate)
+            for t in placements}
     runs: dict[Config, list] = {c: [] for c in configs}
     for c in configs:                                    # warm-up, not recorded
         gens[c.threads].generate(prompts[0], max_new_tokens=8, k=c.k, mode=c.mode)
-    # the bound's c and v(k): calibrated before every prompt, beside the runs, and the
-    # median taken (one calibration takes ~0.2 s, a moment of a machine whose state moves)
+    # the bound's c and v(k): one timed pass of each k (after a warm-up pass) before every
+    # prompt, beside the runs, and the median of them all taken: the machine's state moves,
+    # so the samples are spread over the run (20 in the default run: 10 prompts, 2 repeats).
+    # Nine timed passes before every prompt made calibration a third of a run on a 135M
+    # target, one makes it an eighth (docs/performance.md, start-up).
     calibrations: dict[tuple[int, int], list[CostModel]] = {t: [] for t in placements}
     for r in range(repeats):
         for p, prompt in enumerate(prompts):
             for t, gen in gens.items():
-                calibrations[t].append(calibrate(gen.target, gen.draft, gen.manifest.max_draft))
+                calibrations[t].append(calibrate(gen.target, gen.draft, gen.manifest.max_draft,
+                                                 repeats=1))
             shift = (r * len(prompts) + p) % len(configs)
             for c in configs[shift:] + configs[:shift]:   # rotate the order every prompt
                 res = gens[c.threads].generate(prompt, max_new_tokens=max_new_tokens, k=c.k,
@@ -226,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sampled runs: the rule an unseeded request gets (rejection), or the "
                         "seeded default (invariant); each prompt has its own seed either way")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--recalibrate", action="store_true",
+                   help="time the threads and k=auto's calibration again instead of taking "
+                        "what earlier runs remembered (docs/runtime.md)")
     p.add_argument("--json", dest="json_out", help="write the report here")
     p.add_argument("--plot", help="write a PNG of speed-up vs k (needs matplotlib)")
     return p
@@ -242,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         _plot_format(args.plot)
     report = run_bench(args.bundle, configs, prompts, args.max_new_tokens,
-                       args.temperature, args.repeats, args.backend, args.coupling)
+                       args.temperature, args.repeats, args.backend, args.coupling,
+                       args.recalibrate)
     print(format_table(report))
     if args.json_out:                     # whole or not at all: a temporary file, renamed
         tmp = Path(f"{args.json_out}.tmp")

@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="split: draft the next round while the target verifies")
     p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda", "trt"))
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="measure again what start-up remembers for this bundle and machine: "
+                   "the CPU threads and the k=auto calibration (docs/runtime.md)")
     p.add_argument("--stats", action="store_true", help="print speed and acceptance to stderr")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     return p
@@ -48,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     from .generator import Generator
 
     gen = Generator.load(args.bundle, backend=args.backend, threads=args.threads,
-                         mode=args.mode)
+                         mode=args.mode, recalibrate=args.recalibrate)
     options = dict(max_new_tokens=args.max_new_tokens, k=args.k, temperature=args.temperature,
                    top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,
                    mode=args.mode, repetition_penalty=args.repetition_penalty,

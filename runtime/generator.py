@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Literal, Sequence
 
+from . import cache
 from .acceptance import make_rule
 from .backends import Threads, open_backend
 from .backends.select import CUDA_PROVIDER
@@ -57,11 +58,14 @@ class Request:
 class Generator:
     def __init__(self, root: Path, manifest: Manifest, backend: str = "auto",
                  threads: Threads = None, fused_heads: bool | None = None,
-                 mode: Mode = "sequential", max_batch: int = 1) -> None:
+                 mode: Mode = "sequential", max_batch: int = 1,
+                 recalibrate: bool = False) -> None:
         self.root, self.manifest, self.mode = root, manifest, _checked_mode(mode)
         self.max_batch = _checked_batch(max_batch, manifest)
+        self.recalibrate = recalibrate               # measure again what cache.py remembers
         self.codec = TextCodec(root, manifest.tokenizer)
-        opened = open_backend(root, manifest, backend, threads, mode, self.max_batch)
+        opened = open_backend(root, manifest, backend, threads, mode, self.max_batch,
+                              recalibrate)
         self.target, self.draft = opened.target, opened.draft
         self.backend = opened.backend            # "cpu" | "cuda" | "trt"
         self.backend_reason = opened.reason      # e.g. "cpu (auto): trt skipped: TensorRT …"
@@ -80,18 +84,22 @@ class Generator:
     @classmethod
     def load(cls, bundle: str | Path, backend: str = "auto", threads: Threads = None,
              verify: bool = True, fused_heads: bool | None = None,
-             mode: Mode = "sequential", max_batch: int = 1) -> Generator:
-        """Open a bundle written by ssd-export; `verify` checks every file's sha256.
+             mode: Mode = "sequential", max_batch: int = 1,
+             recalibrate: bool = False) -> Generator:
+        """Open a bundle written by ssd-export; `verify` checks every file's sha256 (a file
+        unchanged since an earlier load's check is not hashed again: docs/design.md §8.1).
         `backend`: auto (trt, then cuda, then cpu; `gen.backend_reason` says why), cpu, cuda
         or trt. `fused_heads`: make decisions with the bundle's ONNX heads (default: on a
         GPU, where they read the device logits and return token ids). `mode`: the mode
         generate() runs by default and, with `threads=None`, the one the CPU threads are
         chosen for (split: one core for the draft's thread, the rest for the target).
         `max_batch`: KV slots for that many sequences decoded together (generate_batch,
-        batch(); up to the bundle's own max_batch, CPU backend)."""
+        batch(); up to the bundle's own max_batch, CPU backend). The CPU threads chosen by
+        timing and the calibrations of k="auto" are remembered per bundle and machine
+        (docs/design.md §8.1); `recalibrate` measures them again and remembers the new."""
         root = Path(bundle)
         return cls(root, read_manifest(root, verify=verify), backend, threads, fused_heads, mode,
-                   max_batch)
+                   max_batch, recalibrate)
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128,
                  k: int | Literal["auto"] = "auto", **settings: Any) -> GenerationResult:
@@ -275,10 +283,26 @@ class Generator:
         return self.codec.encode(text)
 
     def cost_model(self) -> CostModel:
-        """c and v(k) of this bundle on this machine, measured once and cached."""
+        """c and v(k) of this bundle on this machine: measured once, and remembered on disk
+        for the next load (docs/design.md §8.1)."""
         if self._cost is None:
-            self._cost = calibrate(self.target, self.draft, self.manifest.max_draft)
+            max_draft = self.manifest.max_draft
+            self._cost = cache.remembered(
+                self.measurement_key("cost"),
+                lambda: calibrate(self.target, self.draft, max_draft),
+                CostModel.record, lambda data: CostModel.from_record(data, max_draft),
+                redo=self.recalibrate)
         return self._cost
+
+    def measurement_key(self, what: str, **more: Any) -> dict[str, Any] | None:
+        """What a timing of this generator's sessions is remembered under (cache.py): the
+        bundle, the machine, ONNX Runtime, the threads, `more`. None on a GPU backend, where
+        nothing is remembered: steps take milliseconds there (calibrating the demo pair, ~0.3 s
+        on an H200), and the key would have to name the GPU."""
+        if self.backend != "cpu":
+            return None
+        return cache.measurement_key(self.manifest, what, backend=self.backend,
+                                     threads=[self.target.threads, self.draft.threads], **more)
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import contract
+from . import cache, contract
 from .errors import BundleError
 
 FORMAT = "ssd-bundle"
@@ -238,6 +238,9 @@ def read_manifest(bundle: str | Path, verify: bool = True) -> Manifest:
 
 
 def verify_files(root: Path, manifest: Manifest) -> None:
+    """Every listed file has the manifest's sha256. A file hashed by an earlier load and not
+    changed since (same size, mtime, ctime, inode and device: cache.checked) is not hashed
+    again; any write changes its ctime, so a modified file is hashed and refused."""
     needed = {manifest.target.path, manifest.draft.path, manifest.tokenizer.path}
     unlisted = needed - set(manifest.files)
     if unlisted:
@@ -246,7 +249,11 @@ def verify_files(root: Path, manifest: Manifest) -> None:
         file = root / rel
         if not file.is_file():
             raise BundleError(f"bundle file {file} is missing. {_HINT}")
+        stat = cache.file_stat(file)                 # taken before hashing: what was hashed
+        if cache.checked(file, stat, expected):
+            continue
         found = sha256_file(file)
         if found != expected:
             raise BundleError(f"bundle file {file} was modified: sha256 {found[:12]}… does not "
                               f"match the manifest's {expected[:12]}…. {_HINT}")
+        cache.remember_checked(file, stat, expected)

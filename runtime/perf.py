@@ -57,6 +57,23 @@ class CostModel:
                    verify=_rising(verify),
                    draft_first=mid(m.c_first * m.target_step for m in models))
 
+    def record(self) -> dict:
+        """As remembered on disk (cache.py), in seconds."""
+        return {"target_step": self.target_step, "draft_step": self.draft_step,
+                "verify": list(self.verify), "draft_first": self.draft_first}
+
+    @classmethod
+    def from_record(cls, data: dict, max_draft: int) -> CostModel:
+        """A remembered calibration, checked: ValueError unless every time is a positive
+        number and there is one verify time per k = 0..max_draft."""
+        first = data["draft_first"]
+        cost = cls(float(data["target_step"]), float(data["draft_step"]),
+                   tuple(float(v) for v in data["verify"]), None if first is None else float(first))
+        times = [cost.target_step, cost.draft_step, *cost.verify, cost.c_first]
+        if len(cost.verify) != max_draft + 1 or not all(0 < t < float("inf") for t in times):
+            raise ValueError(f"calibration {data!r}")
+        return cost
+
     def as_dict(self) -> dict:
         return {"target_step_ms": self.target_step * 1e3, "draft_step_ms": self.draft_step * 1e3,
                 "draft_first_ms": self.c_first * self.target_step * 1e3, "c": self.c,

@@ -1,7 +1,11 @@
 """Session fixtures: a tokenizer, tiny models of each class, and bundles built from them."""
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,6 +13,16 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import tiny  # noqa: E402
+
+# What start-up remembers (ssd_runtime.cache) goes to a folder of the run's own, never to
+# ~/.cache; each test gets a fresh one below, so that no test depends on another's.
+os.environ["SSD_CACHE_DIR"] = tempfile.mkdtemp(prefix="ssd-cache-")
+atexit.register(shutil.rmtree, os.environ["SSD_CACHE_DIR"], True)
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path_factory, monkeypatch) -> None:
+    monkeypatch.setenv("SSD_CACHE_DIR", str(tmp_path_factory.mktemp("ssd-cache")))
 
 
 def _has_gpu() -> bool:

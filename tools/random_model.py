@@ -13,9 +13,10 @@ are 0, so greedy decoding picks real tokens, whose text streams).
     python tools/random_model.py --config tiny-llama --output /tmp/tiny-draft  # a draft to export with
     python tools/random_model.py --list
 
-Configurations (`--list`): smollm2-360m (HuggingFaceTB/SmolLM2-360M), qwen2.5-0.5b
-(Qwen/Qwen2.5-0.5B), tiny-llama (2 layers, 64 wide, SmolLM2's vocabulary size: a placeholder
-draft, since ssd-export needs one; `--vocab-size 151936` pairs it with qwen2.5-0.5b).
+Configurations (`--list`): smollm2-135m (HuggingFaceTB/SmolLM2-135M), smollm2-360m
+(HuggingFaceTB/SmolLM2-360M), qwen2.5-0.5b (Qwen/Qwen2.5-0.5B), tiny-llama (2 layers, 64
+wide, SmolLM2's vocabulary size: a placeholder draft, since ssd-export needs one;
+`--vocab-size 151936` pairs it with qwen2.5-0.5b).
 """
 from __future__ import annotations
 
@@ -33,6 +34,18 @@ SPECIAL = {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2}    # the dem
 
 # Published configurations (their config.json on the hub, the fields that shape the weights).
 CONFIGS: dict[str, dict] = {
+    "smollm2-135m": {
+        "source": "HuggingFaceTB/SmolLM2-135M",
+        "architecture": "LlamaForCausalLM",
+        "model_type": "llama",
+        "dtype": "bfloat16",
+        "config": {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+                   "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+                   "vocab_size": 49152, "tie_word_embeddings": True,
+                   "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "hidden_act": "silu",
+                   "rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"},
+                   "attention_bias": False, "mlp_bias": False, "initializer_range": 0.02},
+    },
     "smollm2-360m": {
         "source": "HuggingFaceTB/SmolLM2-360M",
         "architecture": "LlamaForCausalLM",

@@ -6,7 +6,8 @@ plain facts). With `threads=None` each CPU model's intra-op thread count is
 chosen by timing a few steps at 1 thread and at every core it may have: all of
 them in sequential mode; in split mode, where the draft runs on a thread of its
 own beside the target's verification, one core is the draft's and the rest the
-target's.
+target's. The choice is remembered per bundle, machine and mode (cache.py), since timing
+it takes longer than the rest of a load; `recalibrate` times it again.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from time import perf_counter
 
 import numpy as np
 
+from .. import cache
 from ..errors import BackendError, ConfigError
 from ..manifest import Manifest, ModelEntry
 from .base import ModelSession
@@ -42,9 +44,11 @@ def cpu_cores() -> int:
 
 
 def open_backend(root: Path, manifest: Manifest, backend: str = "auto",
-                 threads: Threads = None, mode: str = "sequential", max_batch: int = 1) -> Opened:
+                 threads: Threads = None, mode: str = "sequential", max_batch: int = 1,
+                 recalibrate: bool = False) -> Opened:
     """Open both sessions on the first backend of the plan that opens; say why it won.
-    `max_batch`: KV slots per model, one sequence each (docs/design.md §11)."""
+    `max_batch`: KV slots per model, one sequence each (docs/design.md §11). `recalibrate`:
+    time the CPU thread counts again instead of taking the remembered choice."""
     if backend not in BACKENDS:
         raise BackendError(f"backend {backend!r} is unknown; choose one of {', '.join(BACKENDS)}.")
     placement = threads if isinstance(threads, tuple) else (threads, threads)
@@ -60,7 +64,7 @@ def open_backend(root: Path, manifest: Manifest, backend: str = "auto",
                                    f"(max_batch={max_batch}); batches run on the cpu backend. "
                                    f"---> HINT: use backend='cpu', or max_batch=1.")
             target, draft = _OPENERS[name](root, manifest, placement, chosen_plan, mode,
-                                           max_batch)
+                                           max_batch, recalibrate)
         except BackendError as exc:      # a refusal; anything else is a bug and propagates
             if backend != "auto" or name == chosen_plan.attempts[-1]:
                 raise
@@ -95,16 +99,33 @@ def probe(manifest: Manifest, requested: str) -> Facts:
     return Facts(version, problem, gpu, providers, tuple(manifest.engines))
 
 
-def _open_cpu(root: Path, manifest: Manifest, placement, _: Plan, mode: str, max_batch: int):
+def _open_cpu(root: Path, manifest: Manifest, placement, _: Plan, mode: str, max_batch: int,
+              recalibrate: bool):
     cores = cpu_cores()
     split = mode == "split"                 # the draft's thread runs beside the target's
+    timed = placement == (None, None)
+    key = cache.measurement_key(manifest, "threads", mode=mode) if timed else None
+    if timed and not recalibrate:
+        placement = cache.recall(key, lambda counts: _counts(counts, cores)) or placement
     target = _open(root, manifest, "target", manifest.target, placement[0],
                    cores=max(1, cores - 1) if split else cores, max_batch=max_batch)
-    return target, _open(root, manifest, "draft", manifest.draft, placement[1], beside=target,
-                         cores=1 if split else cores, max_batch=max_batch)
+    draft = _open(root, manifest, "draft", manifest.draft, placement[1], beside=target,
+                  cores=1 if split else cores, max_batch=max_batch)
+    if placement == (None, None):           # timed now (threads=None, none remembered)
+        cache.remember(key, [target.threads, draft.threads])
+    return target, draft
 
 
-def _open_cuda(root: Path, manifest: Manifest, placement, _: Plan, __: str, ___: int):
+def _counts(counts, cores: int) -> tuple[int, int]:
+    """A remembered (target, draft) thread choice, checked: ValueError if malformed."""
+    target, draft = counts
+    if not all(isinstance(n, int) and 1 <= n <= cores for n in (target, draft)):
+        raise ValueError(f"thread counts {counts!r}")
+    return target, draft
+
+
+def _open_cuda(root: Path, manifest: Manifest, placement, _: Plan, __: str, ___: int,
+               ____: bool):
     from .ort_cuda import OrtCudaSession
 
     max_new = manifest.max_draft + 2
@@ -114,7 +135,8 @@ def _open_cuda(root: Path, manifest: Manifest, placement, _: Plan, __: str, ___:
                                         ("draft", manifest.draft, placement[1])))
 
 
-def _open_trt(root: Path, manifest: Manifest, placement, chosen: Plan, _: str, __: int):
+def _open_trt(root: Path, manifest: Manifest, placement, chosen: Plan, _: str, __: int,
+              ___: bool):
     from .trt import TrtSession
 
     assert chosen.engines is not None

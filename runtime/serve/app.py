@@ -173,7 +173,7 @@ def _load(config: ServeConfig) -> Generator:
         if plan(config.backend, probe(manifest, config.backend)).attempts[0] == "cpu":
             slots = manifest.max_batch
     return Generator.load(config.bundle, config.backend, config.threads, mode=config.mode,
-                          max_batch=slots)
+                          max_batch=slots, recalibrate=config.recalibrate)
 
 
 def _add_routes(app: FastAPI, server: Server) -> None:

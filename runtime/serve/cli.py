@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=("sequential", "split"), default="sequential",
                    help="split: draft the next round while the target verifies (threads "
                         "are chosen for it: one core for the draft)")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="measure again what start-up remembers for this bundle and machine: "
+                   "the CPU threads and the k=auto calibrations (docs/runtime.md)")
     p.add_argument("--model-name", default=None, metavar="NAME",
                    help="model id clients must send (default: the bundle folder's name)")
     p.add_argument("--ray-replicas", type=int, default=0, metavar="N",
@@ -51,7 +54,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     return ServeConfig(bundle=args.bundle, host=args.host, port=args.port, backend=args.backend,
                        k=args.k, max_queue=args.max_queue, max_batch=args.max_batch,
                        max_tokens_limit=args.max_tokens_limit,
-                       threads=args.threads, mode=args.mode, model_name=args.model_name)
+                       threads=args.threads, mode=args.mode, model_name=args.model_name,
+                       recalibrate=args.recalibrate)
 
 
 @cli_main("ssd-serve")

@@ -26,6 +26,7 @@ class ServeConfig:
     threads: int | None = None
     mode: Literal["sequential", "split"] = "sequential"   # split: the draft runs ahead on a thread
     model_name: str | None = None       # None: the bundle folder's name
+    recalibrate: bool = False           # time threads and batch sizes again (cache.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bundle", Path(self.bundle).resolve())
