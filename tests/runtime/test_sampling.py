@@ -275,3 +275,57 @@ def test_split_mode_sampling_is_lossless(small, k, coupling):
     again = gen.generate(PROMPT, max_new_tokens=20, k=k, seed=5, mode="split", **setting)
     assert again.token_ids == gen.generate(PROMPT, max_new_tokens=20, k=k, seed=5, mode="split",
                                            **setting).token_ids
+
+
+def bundle_joint(bundle, setting) -> dict[tuple[int, int], float]:
+    """P(t1, t2) under the bundle's own target, one row per call as k=0 computes it: the
+    reference of a quantized target (docs/design.md §12)."""
+    from ssd_runtime.backends import cpu_session
+    from ssd_runtime.manifest import read_manifest
+
+    session = cpu_session("target", bundle, read_manifest(bundle), threads=1)
+    session.prefill(np.asarray(PROMPT[:-1], np.int64), 0)
+    n = len(PROMPT)
+    first = session.forward(np.asarray(PROMPT[-1:], np.int64), n - 1)[0].copy()
+    p1 = hf_processed(first, **setting, context=PROMPT)
+    joint = {}
+    for t1, pt1 in enumerate(p1):
+        if pt1 == 0:
+            continue
+        if t1 == EOS:
+            joint[t1, -1] = pt1
+            continue
+        last = session.forward(np.asarray([t1], np.int64), n)[0]
+        for t2, pt2 in enumerate(hf_processed(last, **setting, context=PROMPT + [t1])):
+            if pt2 > 0:
+                joint[t1, t2] = pt1 * pt2
+    return joint
+
+
+@pytest.mark.parametrize("quant,compute,draft_quant", [("int4", "int8", "int8"),
+                                                       ("int8", "int8", "none"),
+                                                       ("int4", "float", "int4")])
+def test_sampling_from_a_quantized_target_follows_its_own_distribution(small_vocab_bundle,
+                                                                       tmp_path, quant,
+                                                                       compute, draft_quant):
+    """The quantized target is the reference: speculative samples follow its own enumerated
+    distribution (and it is not the float model's)."""
+    from ssd_export import ExportConfig, export_bundle
+
+    _, target_dir = small_vocab_bundle
+    out = tmp_path / "bundle"
+    export_bundle(ExportConfig(target=str(target_dir), draft=str(target_dir.parent /
+                                                                  "small_draft"),
+                               output=out, quiet=True, quant=quant, quant_compute=compute,
+                               draft_quant=draft_quant, max_batch=1))
+    gen = Generator.load(out)
+    assert (gen.manifest.target.quant, gen.manifest.draft.quant) == (quant, draft_quant)
+    setting = SETTINGS[2]
+    joint = bundle_joint(out, setting)
+    float_joint = exact_joint(target_dir, setting)
+    moved = sum(abs(joint.get(c, 0) - float_joint.get(c, 0)) for c in {*joint, *float_joint})
+    assert moved > 1e-3, "quantization did not move the target's distribution"
+    samples = [first_two(gen.generate(PROMPT, max_new_tokens=5, k=4, seed=s,
+                                      coupling="rejection", **setting).token_ids)
+               for s in range(SAMPLES)]
+    assert chi_square_p(samples, joint) > 1e-3
