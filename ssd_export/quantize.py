@@ -49,17 +49,20 @@ def quantize_draft(traced: TracedModel, requested: str, dtype: str, max_context:
         with log.stage(f"quantize the draft's weights ({quant})"):
             count, agreement, why = _quantize_checked(path, keep / path.name, quant, requested,
                                                       traced, dtype, max_context)
-        if count == 0 or (requested == "auto" and agreement < MIN_AGREEMENT):
-            log.print(f"    draft weights: kept float ({why})")
-            shutil.rmtree(path.parent)
-            shutil.copytree(keep, path.parent)
-            return contract.NO_QUANT, None
-        note = "" if agreement >= MIN_AGREEMENT else \
-            " (low: expect fewer accepted tokens; --draft-quant int8 or none may be faster)"
-        log.print(f"    draft weights: {quant}, {count} MatMuls, {why}{note}")
-        return quant, round(agreement, 4)
+        if count and (requested != "auto" or agreement >= MIN_AGREEMENT):
+            note = "" if agreement >= MIN_AGREEMENT else \
+                " (low: expect fewer accepted tokens; --draft-quant int8 or none may be faster)"
+            log.print(f"    draft weights: {quant}, {count} MatMuls, {why}{note}")
+            return quant, round(agreement, 4)
+        shutil.rmtree(path.parent)
+        shutil.copytree(keep, path.parent)
     finally:
         shutil.rmtree(keep, ignore_errors=True)
+    if quant == "int4" and follow == "int4":      # following an int4 target: int8 next
+        log.print(f"    draft weights: not int4 ({why}); trying int8")
+        return quantize_draft(traced, requested, dtype, max_context, log, follow="int8")
+    log.print(f"    draft weights: kept float ({why})")
+    return contract.NO_QUANT, None
 
 
 def _quantize_checked(path: Path, float_path: Path, quant: str, requested: str,
@@ -162,7 +165,7 @@ def choose_quant(requested: str, draft_graph: str, follow: str = contract.NO_QUA
     if requested != "auto":
         return requested, "--draft-quant"
     if follow in BITS:
-        return follow, "as the target's (--quant)"
+        return follow, "following the target's quantization (--quant)"
     if draft_graph != contract.ORT:
         return contract.NO_QUANT, "a standard graph, kept free of ONNX Runtime's CPU-only kernels"
     if contract.version_tuple(version) < contract.QUANT_MIN["int8"]:

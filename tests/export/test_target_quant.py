@@ -67,9 +67,10 @@ def test_a_quantized_target_is_recorded_checked_and_lossless(bundle_factory, gra
     assert 1 < quality["float_perplexity"] and 0.8 < quality["perplexity"] / quality[
         "float_perplexity"] < 1.5, quality
     assert max(m.target.parity.values()) < 1e-3        # exact against the dequantized weights
-    # auto follows the target unless the quantized draft agrees too little with the float one
+    # auto follows the target (int4, else int8) unless the quantized draft agrees too little
+    # with the float one
     assert m.draft.quant == draft_quant or (draft_quant == "auto" and m.draft.quant in
-                                            (quant, "none"))
+                                            (quant, "int8", "none"))
     target_ops = ops(bundle / m.target.path)
     assert form in target_ops and (form != MATMULNBITS or "MatMul" not in target_ops)
     assert bool(m.cpu_only) == (graph != "standard"), m.cpu_only
