@@ -11,6 +11,7 @@ import pytest
 
 from ssd_export import ExportConfig, export_bundle
 from ssd_runtime.errors import ConfigError, ParityError
+from ssd_runtime.manifest import SCHEMA_VERSION
 
 
 def run(module: str, *args: str) -> subprocess.CompletedProcess:
@@ -219,7 +220,7 @@ def test_newer_schema_is_refused(bundle_copy):
     path.write_text(json.dumps(manifest))
     proc = run("ssd_runtime.cli", bundle_copy, "--prompt", "x")
     assert_clean_error(proc, "ssd-run", r"schema_version 99 is newer than this runtime reads "
-                                        r"\(up to 6\).*upgrade")
+                                        rf"\(up to {SCHEMA_VERSION}\).*upgrade")
 
 
 # field, a bad value, what it must be, the schema before the field, what it reads as there
