@@ -165,6 +165,36 @@ print("auto picks:", Generator.load(bundle).backend_reason)
 sys.exit(1 if failed else 0)
 EOF
 
+section "int4 target, standard flavour (blockwise DequantizeLinear): cuda against cpu"
+QBUNDLE="$WORK/bundle-int4"
+step 300 "ssd-export --quant int4 --graph standard --engines none" "$PY" -m ssd_export.cli \
+  --target "$PAIR/target" --draft "$PAIR/draft" --output "$QBUNDLE" --max-context "$MAX_CONTEXT" \
+  --quant int4 --quant-compute float --graph standard --engines none --force
+step 150 "compare int4 token streams" "$PY" - "$QBUNDLE" <<'EOF'
+import sys
+from ssd_runtime import Generator
+from ssd_runtime.errors import SsdError
+bundle = sys.argv[1]
+prompts = ["def read_config(path):", "import os\n", "for i in range(10):"]
+cpu = Generator.load(bundle, backend="cpu")
+print("quality:", cpu.manifest.target.quant_quality)
+expected = {(p, k): cpu.generate(p, max_new_tokens=48, k=k).token_ids
+            for p in prompts for k in (0, "auto")}
+try:
+    gen = Generator.load(bundle, backend="cuda")
+except SsdError as exc:
+    sys.exit(f"cuda: not available: {exc}")
+# the kernels differ (CUDA's dequantize + GEMM against the CPU's MatMulNBits): equal streams
+# are expected but near-ties may part them; k=auto must equal the same backend's k=0
+same = sum(gen.generate(p, max_new_tokens=48, k=k).token_ids == ids
+           for (p, k), ids in expected.items())
+own = sum(gen.generate(p, max_new_tokens=48, k="auto").token_ids ==
+          gen.generate(p, max_new_tokens=48, k=0).token_ids for p in prompts)
+print(f"cuda int4: {same}/{len(expected)} streams equal to cpu's; k=auto equals cuda's own "
+      f"k=0 on {own}/{len(prompts)}  [{gen.backend_reason}]")
+sys.exit(0 if own == len(prompts) else 1)
+EOF
+
 section "gpu tests"
 step 270 "pytest -m gpu" "$PY" -m pytest -q -p no:logging -m gpu tests/runtime/test_gpu.py -ra
 
