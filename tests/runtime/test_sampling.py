@@ -76,6 +76,11 @@ def exact_joint(target_dir, setting) -> dict[tuple[int, int], float]:
                           context=PROMPT)
         seconds = torch.tensor([PROMPT + [t] for t in range(len(p1))])
         last = model(seconds).logits[:, -1].numpy()          # (V, V)
+    return joint_of(p1, lambda t1: hf_processed(last[t1], **setting, context=PROMPT + [t1]))
+
+
+def joint_of(p1: np.ndarray, second) -> dict[tuple[int, int], float]:
+    """P(t1, t2) from the first token's distribution and second(t1), the second's."""
     joint = {}
     for t1, pt1 in enumerate(p1):
         if pt1 == 0:
@@ -83,7 +88,7 @@ def exact_joint(target_dir, setting) -> dict[tuple[int, int], float]:
         if t1 == EOS:
             joint[t1, -1] = pt1
             continue
-        for t2, pt2 in enumerate(hf_processed(last[t1], **setting, context=PROMPT + [t1])):
+        for t2, pt2 in enumerate(second(t1)):
             if pt2 > 0:
                 joint[t1, t2] = pt1 * pt2
     return joint
@@ -288,18 +293,8 @@ def bundle_joint(bundle, setting) -> dict[tuple[int, int], float]:
     n = len(PROMPT)
     first = session.forward(np.asarray(PROMPT[-1:], np.int64), n - 1)[0].copy()
     p1 = hf_processed(first, **setting, context=PROMPT)
-    joint = {}
-    for t1, pt1 in enumerate(p1):
-        if pt1 == 0:
-            continue
-        if t1 == EOS:
-            joint[t1, -1] = pt1
-            continue
-        last = session.forward(np.asarray([t1], np.int64), n)[0]
-        for t2, pt2 in enumerate(hf_processed(last, **setting, context=PROMPT + [t1])):
-            if pt2 > 0:
-                joint[t1, t2] = pt1 * pt2
-    return joint
+    return joint_of(p1, lambda t1: hf_processed(
+        session.forward(np.asarray([t1], np.int64), n)[0], **setting, context=PROMPT + [t1]))
 
 
 @pytest.mark.parametrize("quant,compute,draft_quant", [("int4", "int8", "int8"),
