@@ -183,10 +183,11 @@ def _context(prompt_len: int, n: int) -> int:
     return -(-(prompt_len + n + 8) // 256) * 256
 
 
-def _run(cmd: list[str], last: str, tries: int = 3) -> subprocess.CompletedProcess:
+def _run(cmd: list[str], last: str, tries: int = 10) -> subprocess.CompletedProcess:
     """The tool's run whose output reached its `last` line. llama.cpp logs through a thread
     it does not join at exit (common/log.cpp, "logs may be lost"): a run whose tail was lost
-    (1 in ~10 here) is run again; the log is in order, so the last line vouches for the rest."""
+    (1 in ~10 on an idle machine, and 3 in a row for some runs beside another user's job, on
+    2026-12-02) is run again; the log is in order, so the last line vouches for the rest."""
     for _ in range(tries):
         res = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if res.returncode:

@@ -455,7 +455,10 @@ def _agreement(runs: list[list[int]], refs: list[list[int]]) -> dict:
 
 def summarise(threads: int, variants: list[Variant]) -> list[dict]:
     # each row against the same peer's target alone in the same precision
-    own = {(v.peer, v.target): v for v in variants if not v.speculative and v.error is None}
+    own: dict[tuple[str, str], Variant] = {}
+    for v in variants:                       # the first, where placements differ by round
+        if not v.speculative and v.error is None:
+            own.setdefault((v.peer, v.target), v)
     hf = own.get(("hf", "fp32"))
     rows = []
     for v in variants:
