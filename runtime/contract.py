@@ -33,6 +33,7 @@ QUANT_MIN = {"int4": (1, 20), "int8": (1, 22)}
 # onnxruntime reads opset 21 from 1.18 on)
 MATMULNBITS, DEQUANTIZE = "MatMulNBits", "DequantizeLinear"
 DEQUANTIZE_MIN = (1, 18)
+QDQ_ACCURACY = "session.qdq_matmulnbits_accuracy_level"   # the fused MatMulNBits' compute
 # Mixture-of-experts layers: "none", "dense" (every expert on every token, plain ONNX: any
 # backend) or "kernel" (ONNX Runtime's com.microsoft::MoE, the routed experts only; "ort"
 # flavour). Measured: 1.20-1.22 refuse the kernel's SwiGLU attributes, 1.23.0 has no CPU

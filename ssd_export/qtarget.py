@@ -31,7 +31,7 @@ from ssd_runtime.errors import ConfigError
 
 from .loading import LoadedModel
 from .parity import check_parity, run_whole
-from .qweights import DEQUANTIZE, MATMULNBITS, Scheme, Weight, rewrite
+from .qweights import DEQUANTIZE, MATMULNBITS, Scheme, Weight, rewrite, save
 
 # top-1 agreement with the float target that --quant auto takes, per kind: int4 loses more and
 # buys more; below both floors the target stays float
@@ -148,11 +148,7 @@ def quantize_graph(float_path: Path, path: Path, scheme: Scheme, vocab_size: int
         raise ConfigError(f"{float_path.parent.name}: no MatMul with a constant weight to "
                           f"quantize (its weights are not plain MatMul constants). ---> HINT: "
                           f"use --quant none.")
-    data = path.with_name(path.name + ".data")
-    for old in (path, data):
-        old.unlink(missing_ok=True)
-    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-              location=data.name, size_threshold=1024)
+    save(model, path)
     return weights, sources
 
 
@@ -190,12 +186,9 @@ def parity_dequantized(loaded: LoadedModel, path: Path, weights: list[Weight],
         _with_accuracy_level(path, exact, 0)
         return check_parity(loaded.model, exact, "target", config.max_draft, config.dtype,
                             config.max_context, graph=graph,
-                            session_config={QDQ_ACCURACY: "0"})
+                            session_config={contract.QDQ_ACCURACY: "0"})
     finally:
         exact.unlink(missing_ok=True)
-
-
-QDQ_ACCURACY = "session.qdq_matmulnbits_accuracy_level"   # ORT's DequantizeLinear fusion
 
 
 def _with_accuracy_level(path: Path, out: Path, level: int) -> None:

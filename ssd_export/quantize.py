@@ -24,7 +24,7 @@ from ssd_runtime import contract
 from ssd_runtime.errors import BackendError, ConfigError
 
 from .parity import ort_errors, run_whole
-from .qweights import Scheme, rewrite
+from .qweights import Scheme, rewrite, save
 
 BITS = {"int8": 8, "int4": 4}     # the quantized kinds of contract.QUANTS
 BLOCK = 32
@@ -106,11 +106,7 @@ def quantize_graph(path: Path, quant: str, graph: str = contract.ORT) -> int:
 
     model = onnx.load(str(path))
     count = len(rewrite(model, draft_scheme(quant, graph), 0, pad=True))   # the head too
-    data = path.with_name(path.name + ".data")
-    for old in (path, data):
-        old.unlink(missing_ok=True)
-    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-              location=data.name, size_threshold=1024)
+    save(model, path)
     return count
 
 

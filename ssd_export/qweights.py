@@ -178,6 +178,17 @@ def _quantize_node(model, node, b: np.ndarray, scheme: Scheme) -> np.ndarray:
     return deq
 
 
+def save(model, path) -> None:
+    """Write a rewritten graph over `path`, its weights in one external file beside it."""
+    import onnx
+
+    data = path.with_name(path.name + ".data")
+    for old in (path, data):
+        old.unlink(missing_ok=True)
+    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location=data.name, size_threshold=1024)
+
+
 def _pack(rows: np.ndarray, bits: int) -> np.ndarray:
     """Unsigned values (R, K) packed along K as MatMulNBits and int4 tensors store them: two
     4-bit values a byte, the first in the low nibble."""

@@ -28,9 +28,6 @@ from ..manifest import ModelEntry
 from .base import DTYPES
 
 
-QDQ_ACCURACY = "session.qdq_matmulnbits_accuracy_level"
-
-
 def session_options(threads: int | None, entry: ModelEntry | None = None):
     import onnxruntime as ort
 
@@ -38,7 +35,7 @@ def session_options(threads: int | None, entry: ModelEntry | None = None):
     if entry is not None and entry.quant_form == contract.DEQUANTIZE:
         # ONNX Runtime fuses DequantizeLinear + MatMul into MatMulNBits: compute as exported
         # and checked (docs/design.md §12)
-        opts.add_session_config_entry(QDQ_ACCURACY,
+        opts.add_session_config_entry(contract.QDQ_ACCURACY,
                                       str(entry.quant_scheme.get("accuracy_level", 4)))
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if threads:
