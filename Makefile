@@ -37,8 +37,10 @@ bench: demo
 	$(BIN)/ssd-bench $(DEMO)/bundle --k 0,1,2,3,4,6,8,auto --mode sequential,split \
 	    --threads 2:1,1:1 --json $(DEMO)/bench.json --plot $(DEMO)/bench.png
 
+# Two workers (pytest-xdist), one test file each at a time: the exported bundles and tiny
+# models are built once per run and shared (tests/conftest.py).
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=40
 
 # The fast subset for every change: leaves out the tests marked slow (exports of every
 # architecture, Hugging Face references, Ray); `make test` runs everything.

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -65,10 +66,32 @@ LATER_DENSE = ("ministral", "exaone4", "glm4", "glm", "ernie4_5", "hunyuan", "ol
 LATER_DENSE_CUT = ("hunyuan", "ministral3")
 
 
+def _shared(tmp_path_factory, name: str) -> Path:
+    """A folder that every pytest-xdist worker of this run shares (`make test` runs two), or
+    the session's own without xdist: what one worker builds there, the others reuse."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    path = base / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 @pytest.fixture(scope="session")
 def models(tmp_path_factory) -> dict[str, Path]:
-    """Hugging Face folders: target and draft variants of each class."""
-    root = tmp_path_factory.mktemp("models")
+    """Hugging Face folders: target and draft variants of each class, built once per run."""
+    import json
+
+    root = _shared(tmp_path_factory, "models")
+    index = root / "index.json"
+    with FileLock(str(root) + ".lock"):
+        if not index.exists():
+            m = _build_models(root)
+            index.write_text(json.dumps({k: str(v) for k, v in m.items()}))
+    return {k: Path(v) for k, v in json.loads(index.read_text()).items()}
+
+
+def _build_models(root: Path) -> dict[str, Path]:
     tok = tiny.build_tokenizer(root / "tokenizer")
     m = {
         "llama": tiny.build_model(root / "llama", "llama", tok, seed=1, layers=3),
@@ -110,7 +133,7 @@ def bundle_factory(models, tmp_path_factory):
     from ssd_export import ExportConfig, export_bundle
 
     cache: dict[tuple, Path] = {}
-    root = tmp_path_factory.mktemp("bundles")
+    root = _shared(tmp_path_factory, "bundles")
 
     def export(target: str, draft: str, max_context: int | None = None,
                graph: str = "auto", draft_quant: str = "auto", quant: str = "none",
@@ -123,10 +146,12 @@ def bundle_factory(models, tmp_path_factory):
         key = (target, draft, max_context or 0, graph, draft_quant, quant, quant_compute)
         if key not in cache:
             out = root / "-".join(map(str, key))
-            export_bundle(ExportConfig(target=str(models[target]), draft=str(models[draft]),
-                                       output=out, max_context=max_context, quiet=True,
-                                       graph=graph, draft_quant=draft_quant, quant=quant,
-                                       quant_compute=quant_compute))
+            with FileLock(str(out) + ".lock"):  # another worker may be writing it
+                if not (out / "manifest.json").exists():
+                    export_bundle(ExportConfig(
+                        target=str(models[target]), draft=str(models[draft]), output=out,
+                        max_context=max_context, quiet=True, graph=graph,
+                        draft_quant=draft_quant, quant=quant, quant_compute=quant_compute))
             cache[key] = out
         return cache[key]
 
@@ -138,8 +163,11 @@ def small_vocab_bundle(tmp_path_factory) -> tuple[Path, Path]:
     """(bundle, target folder) for a 16-token pair whose distributions can be enumerated."""
     from ssd_export import ExportConfig, export_bundle
 
-    root = tmp_path_factory.mktemp("small")
-    target, draft = tiny.build_small_vocab_pair(root)
+    root = _shared(tmp_path_factory, "small")
     out = root / "bundle"
-    export_bundle(ExportConfig(target=str(target), draft=str(draft), output=out, quiet=True))
-    return out, target
+    with FileLock(str(root) + ".lock"):
+        if not (out / "manifest.json").exists():
+            target, draft = tiny.build_small_vocab_pair(root)
+            export_bundle(ExportConfig(target=str(target), draft=str(draft), output=out,
+                                       quiet=True))
+    return out, root / "small_target"
