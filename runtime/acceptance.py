@@ -103,7 +103,9 @@ def leading_agreement(drafts: list[int], choices: np.ndarray) -> tuple[int, int]
 
 class SamplingAcceptance(Rule):
     """Speculative sampling: accept x with probability min(1, p(x)/q(x)); at the first
-    rejection sample from normalise(max(0, p - q)); after k acceptances sample from p."""
+    rejection sample from normalise(max(0, p - q)); after k acceptances sample from p. A
+    lookup token (q None) was proposed with certainty: q is a point mass at it, so it is
+    accepted with probability p(x) and a rejection samples p without x (docs/design.md §6.1)."""
 
     def __init__(self, params: SamplingParams, processors: Processors | None = None) -> None:
         self.params, self.processors = params, processors
@@ -128,6 +130,12 @@ class SamplingAcceptance(Rule):
         """The rule itself, from given uniforms (so fused heads can be checked against it)."""
         for j, (x, q) in enumerate(zip(drafts, draft_probs)):
             p = probabilities(self._processed(target_logits[j], drafts[:j]), self.params)
+            if q is None:                               # a lookup token: q is a point mass at x
+                if accept_u[j] < p[x]:                  # u < p(x)/1
+                    continue
+                residual = p.copy()                     # max(0, p - q): p without x
+                residual[x] = 0.0
+                return j, sample(residual if residual.sum() > 0 else p, final_u)
             q = _fit(q, len(p))
             if x < len(p) and accept_u[j] * q[x] < p[x]:   # u < p(x)/q(x), without dividing
                 continue

@@ -12,6 +12,8 @@ rollback stays free per slot. A round is the single-sequence loop (loop.py) done
 running slots at once:
 
     prefill   at most PREFILL_BUDGET prompt tokens of newcomers, one slot at a time
+    lookup    a slot whose sequence repeats a continuation found earlier in it drafts that,
+              up to k tokens, and no model tokens this round (docs/design.md §6.1)
     draft     k steps, each one call over slots 0..S-1 (row b: its own feed at its own
               length; rows with nothing to draft carry a dummy token past their valid rows)
     verify    one target call over every row's [last, d1..dk], padded to k+1
@@ -34,6 +36,7 @@ from . import cache
 from .batch_cost import BatchCost, best_k, measure
 from .errors import ConfigError
 from .loop import Stats
+from .lookup import Lookup
 from .perf import Acceptance
 from .text import TextStream
 
@@ -68,6 +71,8 @@ class _Sequence:
     draft_len: int = 0            # ... and of the draft's
     prefilled: bool = False
     k: int = 0                    # this round's draft length
+    lookup: Lookup | None = None  # lookup drafts (docs/design.md §6.1), unless source "model"
+    looked: int = 0               # this round's drafts found by lookup (then none by the model)
     first_round: float | None = None
 
     @property
@@ -125,6 +130,8 @@ class Batch:
                                                     f"{self.draft.threads}"),
                         _copy(self.gen._learnt.get(req.kind)))
         seq.seq = list(req.ids)
+        if req.source != "model":
+            seq.lookup = Lookup()
         self._next_id += 1
         self.waiting.append(seq)
         return seq.id
@@ -224,7 +231,10 @@ class Batch:
                                        seq.target_len + 1)
             seq.target_len += j + 1                  # rows for last, d1..dj stay valid
             seq.draft_len = min(seq.draft_len, seq.target_len)
-            if d:
+            if seq.looked:
+                seq.stats.lookup_drafted += seq.looked
+                seq.stats.lookup_accepted += j
+            elif d:                                   # α: of the draft model's tokens
                 seq.acceptance.observe(len(d), j)
             events.append(self._emit(seq, [*d[:j], t], len(d), j, t1 - t0, t2 - t1))
         return [e for e in events if e is not None]
@@ -234,13 +244,21 @@ class Batch:
         """Draft each running sequence's k tokens: step i is one call over slots 0..rows-1."""
         drafts: dict[int, list[int]] = {s.id: [] for s in run}
         probs: dict[int, list] = {s.id: [] for s in run}
+        model = {}                                    # the draft model's tokens per sequence
+        for seq in run:
+            seq.looked = 0
+            if seq.k and seq.lookup is not None:      # a continuation found earlier: free
+                found, _ = seq.lookup.find(seq.seq, seq.k)
+                drafts[seq.id], probs[seq.id] = found, [None] * len(found)   # point masses
+                seq.looked = len(found)
+            model[seq.id] = 0 if seq.looked or seq.req.source == "lookup" else seq.k
         for seq in run:                               # a draft far behind catches up alone
             feed = seq.seq[seq.draft_len:]
-            if seq.k and len(feed) > 2:
+            if model[seq.id] and len(feed) > 2:
                 self.draft.prefill(self._draft_ids(feed[:-1]), seq.draft_len, slot=seq.slot)
                 seq.draft_len += len(feed) - 1
-        for i in range(max(s.k for s in run)):
-            drafting = [s for s in run if s.k > i]
+        for i in range(max(model.values())):
+            drafting = [s for s in run if model[s.id] > i]
             feeds = {s.id: s.seq[s.draft_len:] if i == 0 else drafts[s.id][-1:] for s in drafting}
             logits, tops, last = self._draft_call(drafting, feeds, rows)
             for seq in drafting:

@@ -18,6 +18,7 @@ import numpy as np
 
 from .backends import cpu_cores
 from .errors import ConfigError, cli_main
+from .lookup import DRAFT_SOURCES
 from .perf import CostModel, calibrate, expected_tokens
 
 
@@ -26,10 +27,12 @@ class Config:
     k: int | str
     mode: str
     threads: tuple[int, int]
+    source: str = "fused"         # lookup.DRAFT_SOURCES (k=0 drafts nothing: "-")
 
     @property
     def name(self) -> str:
-        return f"k={self.k} {self.mode} threads={self.threads[0]}:{self.threads[1]}"
+        source = "" if self.k == 0 else f" {self.source}"
+        return f"k={self.k}{source} {self.mode} threads={self.threads[0]}:{self.threads[1]}"
 
 
 def load_prompts(path: str | None) -> list[str]:
@@ -66,7 +69,8 @@ def run_bench(bundle: str, configs: list[Config], prompts: list[str], max_new_to
             for t in placements}
     runs: dict[Config, list] = {c: [] for c in configs}
     for c in configs:                                    # warm-up, not recorded
-        gens[c.threads].generate(prompts[0], max_new_tokens=8, k=c.k, mode=c.mode)
+        gens[c.threads].generate(prompts[0], max_new_tokens=8, k=c.k, mode=c.mode,
+                                 draft_source=c.source)
     # the bound's c and v(k): one timed pass of each k (after a warm-up pass) before every
     # prompt, beside the runs, and the median of them all taken: the machine's state moves,
     # so the samples are spread over the run (20 in the default run: 10 prompts, 2 repeats).
@@ -83,7 +87,7 @@ def run_bench(bundle: str, configs: list[Config], prompts: list[str], max_new_to
                 res = gens[c.threads].generate(prompt, max_new_tokens=max_new_tokens, k=c.k,
                                                mode=c.mode, temperature=temperature,
                                                seed=p if temperature else None,
-                                               coupling=coupling)
+                                               coupling=coupling, draft_source=c.source)
                 runs[c].append((p, res.stats))
     # k=0 per thread placement: the bound's (and so the efficiency's) own baseline; the
     # speed-up column is against the fastest of them
@@ -95,7 +99,7 @@ def run_bench(bundle: str, configs: list[Config], prompts: list[str], max_new_to
     for c in configs:
         if c.k == "auto":       # its bound: the best fixed k's, at α of the fixed-k rows beside it
             alphas = [r["alpha"] for f, r in summary.items()
-                      if f.k and (f.threads, f.mode) == (c.threads, c.mode)]
+                      if f.k and (f.threads, f.mode, f.source) == (c.threads, c.mode, c.source)]
             summary[c] = _summary(c, runs[c], costs[c.threads], baseline,
                                   own.get(c.threads, baseline),
                                   float(np.median(alphas)) if alphas else None)
@@ -137,6 +141,7 @@ def _summary(c: Config, runs: list, cost: CostModel, baseline: float | None,
     stats = [s for _, s in runs]
     rounds = sum(s.rounds for s in stats)
     drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
+    looked, found = sum(s.lookup_drafted for s in stats), sum(s.lookup_accepted for s in stats)
     seconds = {key: sum(s.seconds[key] for s in stats) for key in ("draft", "verify", "host")}
     decode = sum(s.seconds["decode"] for s in stats)
     tps = _tokens_per_s(runs)
@@ -152,8 +157,14 @@ def _summary(c: Config, runs: list, cost: CostModel, baseline: float | None,
     own_speedup = tps / own_baseline if own_baseline else None
     return {
         "config": c.name, "k": c.k, "mode": c.mode, "threads": f"{c.threads[0]}:{c.threads[1]}",
-        "tokens_per_s": tps, "ms_per_token": 1e3 / tps if tps else None, "speedup": speedup,
+        "source": c.source if c.k != 0 else None, "tokens_per_s": tps, "ms_per_token": 1e3 / tps if tps else None, "speedup": speedup,
         "acceptance_rate": accepted / drafted if drafted else 0.0, "alpha": alpha,
+        # per source (docs/design.md §6.1): the share of drafts found by lookup, and each
+        # source's acceptance rate (None where it drafted nothing)
+        "lookup_share": looked / drafted if drafted else 0.0,
+        "lookup_acceptance": found / looked if looked else None,
+        "model_acceptance": (accepted - found) / (drafted - looked) if drafted > looked
+        else None,
         "mean_k": mean_k, "mean_accepted_per_round": accepted / rounds if rounds else 0.0,
         "c": cost.c, "v_k": cost.v(min(round(mean_k), len(cost.verify) - 1)),
         "bound": bound, "bound_alpha": bound_alpha, "speedup_own_threads": own_speedup,
@@ -221,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--k", default="0,1,2,4,8,auto", help="comma-separated ks and/or auto")
     p.add_argument("--mode", default="sequential", help="comma-separated: sequential,split")
+    p.add_argument("--draft-source", default="fused",
+                   help="comma-separated: fused (lookup where it pays, the draft model "
+                        "elsewhere), model, lookup (docs/runtime.md)")
     p.add_argument("--threads", default=None,
                    help="comma-separated target:draft placements (default: the runtime's choice "
                         "for sequential, 1:1 for split)")
@@ -302,6 +316,10 @@ def _configs(args) -> list[Config]:
     modes = args.mode.split(",")
     if bad := [m for m in modes if m not in ("sequential", "split")]:
         raise ConfigError(f"--mode {bad[0]!r} is unknown; use sequential and/or split.")
+    sources = args.draft_source.split(",")
+    if bad := [s for s in sources if s not in DRAFT_SOURCES]:
+        raise ConfigError(f"--draft-source {bad[0]!r} is unknown; use one or more of "
+                          f"{', '.join(DRAFT_SOURCES)}.")
     for flag, value in (("--repeats", args.repeats), ("--max-new-tokens", args.max_new_tokens)):
         if value < 1:
             raise ConfigError(f"{flag} {value} must be at least 1.")
@@ -311,7 +329,9 @@ def _configs(args) -> list[Config]:
     for mode in modes:
         default = [(cpu_cores(), 1)] if mode == "sequential" else [(max(1, cpu_cores() - 1), 1)]
         for t in placements or default:
-            configs += [Config(k, mode, t) for k in ks if not (mode == "split" and k == 0)]
+            if 0 in ks and mode == "sequential":          # drafts nothing: one row
+                configs.append(Config(0, mode, t, "model"))
+            configs += [Config(k, mode, t, source) for k in ks if k != 0 for source in sources]
     if not configs:
         raise ConfigError(f"--k {args.k} --mode {args.mode}: nothing to measure (split mode "
                           f"drafts, so it has no k=0). ---> HINT: add k > 0 or auto, or "
@@ -320,15 +340,17 @@ def _configs(args) -> list[Config]:
 
 
 def format_table(report: dict) -> str:
-    head = (f"{'config':<34} {'tok/s':>8} {'x k=0':>6} {'alpha':>6} {'k':>4} {'acc/rd':>6} "
-            f"{'bound':>6} {'eff':>5} {'draft':>7} {'verify':>7} {'host':>6} {'host%':>6}")
+    head = (f"{'config':<40} {'tok/s':>8} {'x k=0':>6} {'alpha':>6} {'k':>4} {'acc/rd':>6} "
+            f"{'lk%':>4} {'a.lk':>5} {'a.md':>5} {'bound':>6} {'eff':>5} {'draft':>7} {'verify':>7} {'host':>6} {'host%':>6}")
     lines = [f"backend: {report.get('backend_reason') or report.get('backend', '?')}", head,
              "-" * len(head)]
     for r in report["results"]:
         ms = r["per_round_ms"] or {"draft": 0, "verify": 0, "host": 0}
         lines.append(
-            f"{r['config']:<34} {r['tokens_per_s']:8.1f} {_f(r['speedup'], 6)} {r['alpha']:6.2f} "
-            f"{r['mean_k']:4.1f} {r['mean_accepted_per_round']:6.2f} {r['bound']:6.2f} "
+            f"{r['config']:<40} {r['tokens_per_s']:8.1f} {_f(r['speedup'], 6)} {r['alpha']:6.2f} "
+            f"{r['mean_k']:4.1f} {r['mean_accepted_per_round']:6.2f} "
+            f"{100 * r['lookup_share']:4.0f} {_f(r['lookup_acceptance'], 5)} "
+            f"{_f(r['model_acceptance'], 5)} {r['bound']:6.2f} "
             f"{_f(r['efficiency'], 5)} {ms['draft']:7.2f} {ms['verify']:7.2f} {ms['host']:6.2f} "
             f"{100 * r['host_share']:5.1f}%")
     for t, cal in report["calibration"].items():
@@ -344,6 +366,8 @@ def format_table(report: dict) -> str:
     for v in report.get("split_vs_sequential", []):
         lines.append(f"  k={v['k']} threads={v['threads']}: {v['ratio']:.2f}x, {v['verdict']}: "
                      f"{v['why']}")
+    lines.append("lk% = drafts found by lookup; a.lk, a.md = acceptance of lookup's and of the "
+                 "draft model's tokens")
     lines.append("per-round times in ms; bound = (1-a^(k+1))/((1-a)(c1 + (k-1) c + v(k))) "
                  "(k=auto: the best fixed k's, at the fixed-k rows' alpha); eff = measured "
                  "speed-up over k=0 at the same threads / bound")

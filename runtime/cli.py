@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop when this text appears (repeatable); it is not printed")
     p.add_argument("--mode", choices=("sequential", "split"), default="sequential",
                    help="split: draft the next round while the target verifies")
+    p.add_argument("--draft-source", default="fused", choices=("fused", "model", "lookup"),
+                   help="who drafts: fused (continuations found earlier in the text where they "
+                        "pay, the draft model elsewhere; default), model, lookup")
     p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda", "trt"))
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads")
     p.add_argument("--recalibrate", action="store_true",
@@ -57,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
                    mode=args.mode, repetition_penalty=args.repetition_penalty,
                    presence_penalty=args.presence_penalty,
                    frequency_penalty=args.frequency_penalty,
-                   min_new_tokens=args.min_new_tokens, ignore_eos=args.ignore_eos)
+                   min_new_tokens=args.min_new_tokens, ignore_eos=args.ignore_eos,
+                   draft_source=args.draft_source)
     if args.json:
         res = gen.generate(args.prompt, **options)
         print(json.dumps({"text": res.text, "token_ids": res.token_ids,
@@ -87,7 +91,9 @@ def format_stats(s) -> str:
     return (f"[{s.backend}] k={s.k} (mean {s.mean_k:.1f}) stop={s.stop_reason} "
             f"tokens={s.new_tokens} "
             f"tokens/s={s.tokens_per_s:.1f} rounds={s.rounds} acceptance={s.acceptance_rate:.2f} "
-            f"accepted/round={s.mean_accepted_per_round:.2f} | prefill {sec['prefill'] * 1e3:.1f} ms, "
+            f"accepted/round={s.mean_accepted_per_round:.2f} "
+            f"lookup={s.lookup_drafted}/{s.drafted} drafts (acceptance "
+            f"{s.lookup_acceptance_rate:.2f}) | prefill {sec['prefill'] * 1e3:.1f} ms, "
             f"draft {sec['draft'] * 1e3:.1f} ms, verify {sec['verify'] * 1e3:.1f} ms, "
             f"host {sec['host'] * 1e3:.1f} ms")
 

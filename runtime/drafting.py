@@ -1,6 +1,8 @@
 """Drafters: who produces the draft tokens of a round, and when.
 
-`SequentialDrafter` drafts k tokens, then the target verifies. `SplitDrafter`
+`SequentialDrafter` drafts k tokens, then the target verifies: first a lookup continuation
+when one is found and the schedule takes it (lookup.py, docs/design.md §6.1), then the draft
+model's tokens where the schedule says they pay. `SplitDrafter`
 also drafts round r+1 on a second thread while the target verifies round r,
 betting that all of round r is accepted and guessing the target's bonus
 token (as in "speculative speculative decoding"); on a hit the next round
@@ -14,6 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from .backends.base import ModelSession
+from .lookup import Lookup
 
 
 class SequentialDrafter:
@@ -24,10 +27,12 @@ class SequentialDrafter:
     only costs acceptance."""
 
     def __init__(self, draft: ModelSession, rule, schedule,
-                 vocab: tuple[int, int] | None = None) -> None:
-        self.draft, self.rule, self.schedule = draft, rule, schedule
+                 vocab: tuple[int, int] | None = None, lookup: Lookup | None = None) -> None:
+        self.draft, self.rule, self.schedule, self.lookup = draft, rule, schedule, lookup
         self.draft_len = 0                     # rows of valid keys/values in the draft's cache
         self.hits = self.bets = self.draft_calls = 0
+        self.from_lookup = 0                   # this round's leading drafts found by lookup
+        self.synced = True                     # the draft has seen every draft but the last
         target_vocab, draft_vocab = vocab or (0, 0)
         self.cut = target_vocab if draft_vocab > target_vocab else None   # draft rows to keep
         self.unknown = draft_vocab if target_vocab > draft_vocab else None   # ids to replace
@@ -43,8 +48,28 @@ class SequentialDrafter:
         return ids
 
     def propose(self, seq: list[int], k: int) -> tuple[list[int], list]:
-        """Draft up to k tokens after seq; the first step also feeds unseen tokens."""
-        return self._draft(seq[self.draft_len:], k, self.schedule.keep_drafting)
+        """Draft up to k tokens after seq; the first step also feeds unseen tokens. A lookup
+        token's draft probability is None: a point mass (acceptance.py)."""
+        self.from_lookup, self.synced = 0, True
+        schedule = self.schedule
+        if self.lookup is not None and k > 0:
+            found, matched = self.lookup.find(seq, k)
+            taken = schedule.take_lookup(matched, len(found), k) if found else 0
+            if taken:
+                drafts = found[:taken]
+                self.from_lookup = taken
+                if not schedule.extend_lookup(taken, k):
+                    self.synced = False            # the draft has not seen these
+                    return drafts, [None] * taken
+                more, probs = self._draft(
+                    [*seq[self.draft_len:], *drafts], k - taken,
+                    lambda d, logits, top: schedule.keep_drafting(taken + d, logits, top),
+                    unjudged=tuple(drafts))
+                return [*drafts, *more], [*[None] * taken, *probs]
+        k = min(k, schedule.model_cap)
+        if k <= 0:
+            return [], []
+        return self._draft(seq[self.draft_len:], k, schedule.keep_drafting)
 
     def bet(self, drafts: list[int]) -> None:
         """Called while the target verifies `drafts`; the sequential drafter waits."""
@@ -85,8 +110,8 @@ class SequentialDrafter:
 
 class SplitDrafter(SequentialDrafter):
     def __init__(self, draft: ModelSession, rule, schedule,
-                 vocab: tuple[int, int] | None = None) -> None:
-        super().__init__(draft, rule, schedule, vocab)
+                 vocab: tuple[int, int] | None = None, lookup: Lookup | None = None) -> None:
+        super().__init__(draft, rule, schedule, vocab, lookup)
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="ssd-draft")
         self.stop = threading.Event()
         self.pending: Future | None = None     # (tokens, probs) drafted after dk
@@ -98,6 +123,7 @@ class SplitDrafter(SequentialDrafter):
             return super().propose(seq, k)
         tokens, probs, seen = self.ready        # drafted during the last verification
         self.ready = None
+        self.from_lookup, self.synced = 0, True
         # the schedule judges a hit's tokens as it judges drafted ones, in order: it learns
         # their confidence (its bins saw only misses' and sequential rounds' tokens) and its
         # stopping rule may end the round early
@@ -115,7 +141,7 @@ class SplitDrafter(SequentialDrafter):
         # row draft_len; no further than the context's last row (a bet of one token, the bonus
         # guess alone, would leave the next round nothing)
         steps = min(len(drafts) + 1, self.draft.max_context - self.draft_len)
-        if not drafts or steps < 2:
+        if not drafts or steps < 2 or not self.synced:    # lookup tokens the draft never saw
             return
         self.stop.clear()
         self.bets += 1

@@ -18,6 +18,7 @@ from .backends.select import CUDA_PROVIDER
 from .drafting import SequentialDrafter, SplitDrafter
 from .errors import ConfigError
 from .heads import HeadSessions
+from .lookup import DRAFT_SOURCES, Lookup
 
 if TYPE_CHECKING:
     from .batch import Batch
@@ -53,6 +54,7 @@ class Request:
     stop: list[str]
     mode: Mode
     kind: str                 # "greedy" | "sampled" | "invariant": what acceptance is learnt for
+    source: str = "fused"     # lookup.DRAFT_SOURCES: who drafts
 
 
 class Generator:
@@ -126,7 +128,8 @@ class Generator:
                 repetition_penalty: float | None = None,
                 presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                 logit_bias: dict[int, float] | None = None, min_new_tokens: int = 0,
-                ignore_eos: bool = False, coupling: str = "auto", fused: bool = True) -> Request:
+                ignore_eos: bool = False, coupling: str = "auto", fused: bool = True,
+                draft_source: str = "fused") -> Request:
         """One sequence's settings, checked (ConfigError), with its acceptance rule: what
         stream() decodes, and what a batch (batch.py) takes per sequence.
 
@@ -135,7 +138,10 @@ class Generator:
         (benchmarks of a fixed length). `coupling` (sampling.COUPLINGS): with a seed, by
         default, the tokens are the target alone's for that seed whatever k, mode or
         backend; "rejection" keeps the rule that accepts most. `fused=False`: the rule
-        decides on the host even where the bundle's heads could (batches do)."""
+        decides on the host even where the bundle's heads could (batches do).
+        `draft_source` (docs/design.md §6.1): "fused" drafts continuations found earlier in
+        the sequence (lookup) where they pay and the draft model elsewhere, "model" the
+        draft model alone, "lookup" lookup alone."""
         if logit_bias is not None and not isinstance(logit_bias, dict):
             raise ConfigError(f"logit_bias must be a dict {{token id: bias}}, not "
                               f"{type(logit_bias).__name__}.")
@@ -148,6 +154,9 @@ class Generator:
                                 frequency_penalty=frequency_penalty,
                                 logit_bias=tuple(sorted((logit_bias or {}).items())),
                                 min_new_tokens=min_new_tokens, coupling=coupling)
+        if draft_source not in DRAFT_SOURCES:
+            raise ConfigError(f"draft_source={draft_source!r} is unknown; choose one of "
+                              f"{', '.join(DRAFT_SOURCES)}.")
         ids = self._prompt_ids(prompt)
         self._check(k, max_new_tokens, stop)
         mode = self.mode if mode is None else _checked_mode(mode)
@@ -163,7 +172,8 @@ class Generator:
         eos = set() if ignore_eos else self.eos_ids
         # acceptance is learnt per kind of rule: the invariant one accepts a little less
         kind = "greedy" if params.greedy else "invariant" if params.invariant else "sampled"
-        return Request(ids, rule, eos, max_new_tokens, k, list(stop or []), mode, kind)
+        return Request(ids, rule, eos, max_new_tokens, k, list(stop or []), mode, kind,
+                       draft_source)
 
     def batch(self, k: int | Literal["auto"] = "auto", slots: int | None = None) -> Batch:
         """A batch over `slots` (default: all max_batch) of this generator's slots (batch.py):
@@ -251,9 +261,12 @@ class Generator:
         stats = Stats(backend=self.backend, k=k, prompt_tokens=len(ids), mode=mode,
                       threads=f"{self.target.threads}:{self.draft.threads}")
         text = TextStream(self.codec, req.stop)
-        schedule = self._adaptive(req.kind, mode) if k == "auto" else FixedK(k)
+        lookup = Lookup() if req.source != "model" else None
+        schedule = self._adaptive(req.kind, mode, req.source) if k == "auto" else \
+            FixedK(k, model=req.source != "lookup")
         drafter = DRAFTERS[mode](self.draft, rule, schedule,
-                                 (self.manifest.target.vocab_size, self.manifest.draft.vocab_size))
+                                 (self.manifest.target.vocab_size, self.manifest.draft.vocab_size),
+                                 lookup)
         rounds = decode(self.target, drafter, rule, ids, req.max_new_tokens, schedule, eos_ids,
                         stats)
         try:
@@ -270,14 +283,16 @@ class Generator:
             stats.stop_reason = "stop"
         self.last_result = GenerationResult(text.ids, text.text, stats.stop_reason, stats)
 
-    def _adaptive(self, kind: str, mode: Mode) -> AdaptiveK:
+    def _adaptive(self, kind: str, mode: Mode, source: str = "fused") -> AdaptiveK:
         """k="auto", starting from what earlier calls learnt: acceptance per decoding kind
-        (greedy, sampled, invariant), round times per mode."""
+        (greedy, sampled, invariant) and source, round times per mode."""
         cost, max_draft = self.cost_model(), self.manifest.max_draft
         if mode not in self._times:
             self._times[mode] = RoundTimes.from_cost(cost, max_draft)
+        lookup = self._learnt.setdefault(f"{kind}/lookup", Acceptance()) \
+            if source != "model" else None
         return AdaptiveK(cost, max_draft, self._learnt.setdefault(kind, Acceptance()),
-                         self._times[mode])
+                         self._times[mode], lookup=lookup, model=source != "lookup")
 
     def encode(self, text: str) -> list[int]:
         return self.codec.encode(text)

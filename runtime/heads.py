@@ -65,8 +65,12 @@ class HeadSessions:
     def accept(self, logits, drafts: list[int], draft_probs: list[np.ndarray],
                uniforms: np.ndarray, params: SamplingParams) -> tuple[int, int]:
         vocab = logits.shape[-1]
-        probs = np.stack(draft_probs).astype(np.float32) if draft_probs \
-            else np.zeros((0, vocab), np.float32)
+        probs = np.zeros((len(drafts), vocab), np.float32)
+        for i, (x, q) in enumerate(zip(drafts, draft_probs)):
+            if q is None:                        # a lookup token: a point mass at x
+                probs[i, x] = 1.0
+            else:
+                probs[i] = q
         feeds = {"draft_tokens": np.asarray(drafts, np.int64), "draft_probs": probs,
                  "uniforms": uniforms.astype(np.float32), **_settings(params)}
         accepted, token = self._run("accept", logits, feeds)

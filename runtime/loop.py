@@ -29,6 +29,8 @@ class Stats:
     draft_calls: int = 0
     drafted: int = 0
     accepted: int = 0
+    lookup_drafted: int = 0       # of drafted, the tokens found by lookup (docs/design.md §6.1)
+    lookup_accepted: int = 0      # ... and of accepted
     split_bets: int = 0           # split mode: rounds whose next round was drafted ahead
     split_hits: int = 0           # ... and whose bet was right
     mode: str = "sequential"
@@ -41,6 +43,15 @@ class Stats:
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def lookup_acceptance_rate(self) -> float:
+        return self.lookup_accepted / self.lookup_drafted if self.lookup_drafted else 0.0
+
+    @property
+    def model_acceptance_rate(self) -> float:
+        model = self.drafted - self.lookup_drafted
+        return (self.accepted - self.lookup_accepted) / model if model else 0.0
 
     @property
     def mean_accepted_per_round(self) -> float:
@@ -58,6 +69,8 @@ class Stats:
     def as_dict(self) -> dict:
         return {**{k: v for k, v in self.__dict__.items() if k != "seconds"},
                 "acceptance_rate": self.acceptance_rate,
+                "lookup_acceptance_rate": self.lookup_acceptance_rate,
+                "model_acceptance_rate": self.model_acceptance_rate,
                 "mean_accepted_per_round": self.mean_accepted_per_round, "mean_k": self.mean_k,
                 "tokens_per_s": self.tokens_per_s, "seconds": dict(self.seconds)}
 
@@ -107,6 +120,9 @@ def decode(target: ModelSession, drafter: SequentialDrafter,
             stats.target_calls += 1
             stats.drafted += len(drafts)
             stats.accepted += j
+            if taken := drafter.from_lookup:
+                stats.lookup_drafted += taken
+                stats.lookup_accepted += min(j, taken)
             spent["draft"] += t1 - t0
             spent["verify"] += t2 - t1
             stats.new_tokens = len(seq) - len(prompt)

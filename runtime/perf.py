@@ -127,16 +127,28 @@ def calibrate(target: ModelSession, draft: ModelSession, max_draft: int, past_le
 
 @dataclass
 class FixedK:
-    """k draft tokens every round."""
+    """k draft tokens every round: a lookup continuation's first (up to k), then the draft
+    model's up to k (docs/design.md §6.1); `model=False` drafts lookup tokens only."""
 
     k: int
+    model: bool = True
 
     @property
     def uses_draft(self) -> bool:
-        return self.k > 0
+        return self.k > 0 and self.model
 
     def next_k(self) -> int:
         return self.k
+
+    @property
+    def model_cap(self) -> int:
+        return self.k if self.model else 0
+
+    def take_lookup(self, matched: int, found: int, k: int) -> int:
+        return min(found, k)
+
+    def extend_lookup(self, taken: int, k: int) -> bool:
+        return self.model and taken < k
 
     def keep_drafting(self, drafted: int, logits: np.ndarray, top=None) -> bool:
         return True
@@ -201,7 +213,12 @@ class Acceptance:
 
     def chance(self, top: float, position: int | None = None) -> float:
         """P(a draft token is accepted | its top probability [, its place in the round])."""
-        b, scale = _tenth(top), self.scale
+        return self.chance_in(_tenth(top), position)
+
+    def chance_in(self, b: int, position: int | None = None) -> float:
+        """P(accepted | its class b [, its place]): a model token's class is the tenth of its
+        top probability, a lookup token's the length of the n-gram it was found by."""
+        scale = self.scale
         prior = self.prior * scale
         tenth = (self.hits[b] + prior * self.alpha) / (self.seen[b] + prior)
         if position is None:
@@ -212,13 +229,19 @@ class Acceptance:
     def observe(self, drafted: int, accepted: int, tops: Sequence[float] = ()) -> None:
         """A round drafted `drafted` tokens (their top probabilities `tops`, where known) and
         the target accepted the first `accepted`."""
+        self.observe_in(drafted, accepted, [_tenth(top) for top in tops[:accepted + 1]])
+
+    def observe_in(self, drafted: int, accepted: int, classes: Sequence[int] = (),
+                   first_place: int = 0) -> None:
+        """observe() with each token's class given (chance_in); `first_place`: the place in
+        its round of the first of these tokens (a model draft after lookup tokens)."""
         if drafted == 0:      # nothing learnt: drift back to the prior so k > 0 is tried again
             self.accepted = self.decay * self.accepted + (1 - self.decay) * _PRIOR_ROUNDS
             self.rejected = self.decay * self.rejected + (1 - self.decay) * _PRIOR_ROUNDS
             return
         self.accepted = self.decay * self.accepted + accepted
         self.rejected = self.decay * self.rejected + (1 if accepted < drafted else 0)
-        judged = tops[:accepted + 1]                  # the accepted ones, then the rejected one
+        judged = classes[:accepted + 1]               # the accepted ones, then the rejected one
         if not judged:
             return
         self.scale /= self.bin_decay
@@ -226,8 +249,8 @@ class Acceptance:
             self._rescale()
         weight, hits, seen, place_hits, place_seen = \
             self.scale, self.hits, self.seen, self.place_hits, self.place_seen
-        for i, top in enumerate(judged):
-            b, p = _tenth(top), _place(i)
+        for i, b in enumerate(judged):
+            p = _place(first_place + i)
             seen[b] += weight
             place_seen[b][p] += weight
             if i < accepted:
@@ -280,6 +303,12 @@ class RoundTimes:
     def from_cost(cls, cost: CostModel, max_k: int) -> RoundTimes:
         return cls([cost.round_cost(k) * cost.target_step for k in range(max_k + 1)])
 
+    def observe_pace(self, expected: float, seconds: float) -> None:
+        """A round of another shape (lookup tokens: docs/design.md §6.1) that was expected to
+        take `expected` seconds at pace 1 moves the pace only."""
+        paced = seconds / (expected * self.pace)
+        self.pace *= min(max(paced, 0.8), 1.25) ** self.pace_weight
+
     def observe(self, drafted: int, seconds: float) -> None:
         if drafted >= len(self.calibrated):
             return
@@ -301,19 +330,31 @@ class AdaptiveK:
     promises (the marginal-value rule, looking ahead because the verification's cost climbs
     in steps: kernel tiles). P(survive) multiplies the learnt acceptance rate of each drafted
     token's confidence, so the threshold comes from the same model and needs no tuning.
+
+    Lookup drafts (`lookup`: what is learnt of them; None: off; docs/design.md §6.1): a
+    continuation found earlier in the sequence costs no draft step, only its verification,
+    so the round takes as many of its tokens as maximise its own rate, if that beats the
+    plan's; then the draft model extends it where the same marginal rule says its tokens
+    pay at that rate. `model=False`: lookup tokens only.
     """
 
     cost: CostModel
     max_k: int
     learnt: Acceptance = field(default_factory=Acceptance)
     times: RoundTimes | None = None
-    _k: int = 0                   # this round's cap
+    lookup: Acceptance | None = None
+    model: bool = True
+    _k: int = 0                   # this round's cap on drafted tokens (0: no model draft)
     _survive: float = 1.0
     _tops: list[float] = field(default_factory=list)
     _buf: np.ndarray | None = None
     _plan: tuple[int, list[float]] = (0, [])    # the plan's k and the thresholds on P(survive)
+    _plan_rate: float = 0.0       # the plan's tokens per second
     _planned_alpha: float = -1.0
     _rounds: int = 0
+    _taken: int = 0               # lookup tokens this round, found by an n-gram of _matched
+    _matched: int = 0
+    _scale: float = 1.0           # this round's rate against the plan's (thresholds scale)
 
     def __post_init__(self) -> None:
         if self.times is None:
@@ -321,11 +362,15 @@ class AdaptiveK:
 
     @property
     def uses_draft(self) -> bool:
-        return self.max_k > 0
+        return self.max_k > 0 and self.model
 
     @property
     def alpha(self) -> float:
         return self.learnt.alpha
+
+    @property
+    def model_cap(self) -> int:
+        return self._k
 
     def next_k(self) -> int:
         # next_k and keep_drafting run every round and every draft step, on caches the models
@@ -335,20 +380,24 @@ class AdaptiveK:
         alpha = min(self.alpha, 0.999)
         if abs(alpha - self._planned_alpha) > 0.03 or self._rounds >= 8:
             self._plan, self._planned_alpha, self._rounds = self.plan(alpha), alpha, 0
+            seconds = self.times.seconds
+            best = self._plan[0]
+            self._plan_rate = expected_tokens(alpha, best) / seconds[best]
         self._rounds += 1
         # The plan is only a cap: the stopping rule below ends the round where no more tokens
         # are worth their time and knows more than α does (each token's confidence), so a
         # round may run to max_k; none is drafted when not even one token pays at this α.
+        # Lookup tokens are judged when one is found (take_lookup), so their cap stays.
         k = self.max_k if self._plan[0] else 0
-        self._k, self._survive, self._tops = k, 1.0, []
-        return k
+        self._k, self._survive, self._tops, self._taken, self._scale = k, 1.0, [], 0, 1.0
+        return self.max_k if k or self.lookup is not None else 0
 
     def plan(self, alpha: float) -> tuple[int, list[float]]:
         """The best k at this α (the one model of it: next_k caps rounds by it) and the
         stopping rule's thresholds on P(survive), one per tokens drafted so far."""
         seconds, n = self.times.seconds, self.max_k
         rates = [expected_tokens(alpha, k) / seconds[k] for k in range(n + 1)]  # tokens/second
-        best = max(range(n + 1), key=rates.__getitem__)
+        best = max(range(n + 1), key=rates.__getitem__) if self.model else 0
         rate = rates[best]
         # thresholds[d]: after d drafted tokens, go on iff P(survive) > min over m of
         # rate · (seconds(d + m) - seconds(d)) / (α + … + α^m)
@@ -362,22 +411,80 @@ class AdaptiveK:
             thresholds.append(lowest)
         return best, thresholds
 
+    def take_lookup(self, matched: int, found: int, k: int) -> int:
+        """How many of `found` lookup tokens (matched on an n-gram of `matched` tokens) this
+        round drafts: the count n maximising (1 + S₁ + … + Sₙ) / verify(n), Sᵢ the product of
+        the first i tokens' learnt chances, if that rate beats the plan's; else 0."""
+        if self.lookup is None:
+            return 0
+        verify, pace = self.cost.verify, self.times.pace
+        survive, gain, best, best_rate, survives = 1.0, 1.0, 0, self._plan_rate, []
+        for i in range(min(found, k, len(verify) - 1)):
+            survive *= self.lookup.chance_in(matched, i)
+            gain += survive
+            survives.append(survive)
+            rate = gain / (verify[i + 1] * pace)
+            if rate > best_rate:
+                best, best_rate = i + 1, rate
+        if best:
+            self._taken, self._matched = best, matched
+            self._survive = survives[best - 1]
+            self._scale = best_rate / self._plan_rate if self._plan_rate > 0 else 1.0
+        return best
+
+    def extend_lookup(self, taken: int, k: int) -> bool:
+        """After `taken` lookup tokens: does the draft model's first token (and those it may
+        lead to) pay at this round's rate? The marginal rule of keep_drafting, with the cost
+        of the model's steps and of the longer verification."""
+        if not self.model or taken >= k:
+            return False
+        cost, pace, alpha = self.cost, self.times.pace, min(self.alpha, 0.999)
+        first, step = cost.c_first * cost.target_step, cost.draft_step
+        rate = self._plan_rate * self._scale
+        gain, power, lowest = 0.0, 1.0, float("inf")
+        for m in range(1, min(k, len(cost.verify) - 1) - taken + 1):
+            power *= alpha
+            gain += power
+            seconds = pace * (first + (m - 1) * step + cost.verify[taken + m] -
+                              cost.verify[taken])
+            lowest = min(lowest, rate * seconds / gain)
+        if self._survive <= lowest:
+            return False
+        self._k = k
+        return True
+
     def keep_drafting(self, drafted: int, logits: np.ndarray,
                       top: tuple[int, float] | None = None) -> bool:
         """After each draft step: are more tokens worth their time? `top`: the graph's (argmax,
-        probability) of the last row, else the probability is worked out from `logits`."""
+        probability) of the last row, else the probability is worked out from `logits`.
+        `drafted` counts the round's lookup tokens too."""
         top = top[1] if top is not None else \
             top_probability(logits[-1], self._scratch(logits.shape[-1]))
         self._tops.append(top)
-        self._survive *= self.learnt.chance(top, len(self._tops) - 1)   # P(all so far accepted)
-        return drafted < self._k and self._survive > self._plan[1][drafted]
+        self._survive *= self.learnt.chance(top, self._taken + len(self._tops) - 1)
+        return drafted < self._k and self._survive > self._plan[1][drafted] * self._scale
 
     def observe(self, drafted: int, accepted: int, seconds: float | None = None) -> None:
-        """A round drafted `drafted` tokens, `accepted` passed, and drafting plus verification
-        took `seconds`."""
-        self.learnt.observe(drafted, accepted, self._tops[:drafted])
+        """A round drafted `drafted` tokens (the first _taken of them lookup tokens),
+        `accepted` passed, and drafting plus verification took `seconds`."""
+        taken = self._taken
+        if not taken:
+            self.learnt.observe(drafted, accepted, self._tops[:drafted])
+            if seconds is not None:
+                self.times.observe(drafted, seconds)
+            return
+        judged = min(accepted + 1, taken)
+        self.lookup.observe_in(taken, min(accepted, taken), [self._matched] * judged)
+        model = drafted - taken
+        if model and accepted >= taken:       # the model's tokens were judged too
+            self.learnt.observe_in(model, accepted - taken,
+                                   [_tenth(t) for t in self._tops[:accepted - taken + 1]],
+                                   first_place=taken)
         if seconds is not None:
-            self.times.observe(drafted, seconds)
+            cost = self.cost
+            expected = cost.verify[min(drafted, len(cost.verify) - 1)] + (
+                cost.c_first * cost.target_step + (model - 1) * cost.draft_step if model else 0)
+            self.times.observe_pace(expected, seconds)
 
     def _scratch(self, vocab: int) -> np.ndarray:
         if self._buf is None or len(self._buf) != vocab:

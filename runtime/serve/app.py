@@ -72,7 +72,8 @@ class Server:
                       include_usage: bool, chat: bool) -> Response:
         """Validate, take a place in the queue (or 429), then answer as JSON or as SSE."""
         try:
-            pieces = self.engine.prepare(ids, opts.options(self.k))   # validates eagerly
+            pieces = self.engine.prepare(ids, {**opts.options(self.k),   # validates eagerly
+                                               "draft_source": self.config.draft_source})
         except SsdError as exc:
             raise ApiError(400, str(exc)) from None
         ticket = self.engine.enter(pieces)

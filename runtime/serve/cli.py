@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=("sequential", "split"), default="sequential",
                    help="split: draft the next round while the target verifies (threads "
                         "are chosen for it: one core for the draft)")
+    p.add_argument("--draft-source", default="fused", choices=("fused", "model", "lookup"),
+                   help="who drafts: fused (continuations found earlier in the text where they "
+                        "pay, the draft model elsewhere; default), model, lookup")
     p.add_argument("--recalibrate", action="store_true",
                    help="measure again what start-up remembers for this bundle and machine: "
                    "the CPU threads and the k=auto calibrations (docs/runtime.md)")
@@ -55,7 +58,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                        k=args.k, max_queue=args.max_queue, max_batch=args.max_batch,
                        max_tokens_limit=args.max_tokens_limit,
                        threads=args.threads, mode=args.mode, model_name=args.model_name,
-                       recalibrate=args.recalibrate)
+                       recalibrate=args.recalibrate, draft_source=args.draft_source)
 
 
 @cli_main("ssd-serve")

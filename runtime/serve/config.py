@@ -27,6 +27,7 @@ class ServeConfig:
     mode: Literal["sequential", "split"] = "sequential"   # split: the draft runs ahead on a thread
     model_name: str | None = None       # None: the bundle folder's name
     recalibrate: bool = False           # time threads and batch sizes again (cache.py)
+    draft_source: str = "fused"         # lookup.DRAFT_SOURCES: who drafts
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bundle", Path(self.bundle).resolve())
@@ -41,6 +42,9 @@ class ServeConfig:
             raise ConfigError(f"--max-tokens-limit {self.max_tokens_limit} must be at least 1.")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads {self.threads} must be at least 1.")
+        if self.draft_source not in ("fused", "model", "lookup"):
+            raise ConfigError(f"--draft-source {self.draft_source!r} is unknown; use fused, "
+                              f"model or lookup.")
         if self.mode not in ("sequential", "split"):
             raise ConfigError(f"--mode {self.mode!r} is unknown; use sequential or split.")
 
