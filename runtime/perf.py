@@ -166,6 +166,12 @@ def _tenth(top: float) -> int:
 
 
 _PLACES = 4                       # a token's place in its round: 1st, 2nd, 3rd-4th, later
+# Where the plan stops drafting, α is no longer measured, so a pair's worth could go unseen
+# (a plan made from a low first estimate never drafts again): every PROBE_EVERY rounds without
+# drafting, a round drafts PROBE tokens, and each probe in a row with nothing accepted doubles
+# the wait (up to 2^PROBE_BACKOFF times). On a draft that is never right a probe costs c₁ + c +
+# v(2) - v(0), ~0.6 target steps on this CPU: 3 probes in 128 tokens, ~1.4%.
+PROBE, PROBE_EVERY, PROBE_BACKOFF = 2, 16, 6
 
 
 def _place(position: int) -> int:
@@ -206,6 +212,14 @@ class Acceptance:
     place_seen: list[list[float]] = field(
         default_factory=lambda: [[0.0] * _PLACES for _ in range(_BINS)])
     scale: float = 1.0            # what one token counts this round (counts / scale: weights)
+    misses: int = 0               # probes in a row that had nothing accepted (AdaptiveK)
+
+    @classmethod
+    def starting_at(cls, alpha: float) -> Acceptance:
+        """Knowing nothing but an estimate of α (the export's measured agreement of the pair:
+        docs/design.md §6), with the prior's weight."""
+        alpha = min(max(float(alpha), 0.0), 1.0)
+        return cls(accepted=2 * _PRIOR_ROUNDS * alpha, rejected=2 * _PRIOR_ROUNDS * (1 - alpha))
 
     @property
     def alpha(self) -> float:
@@ -235,9 +249,7 @@ class Acceptance:
                    first_place: int = 0) -> None:
         """observe() with each token's class given (chance_in); `first_place`: the place in
         its round of the first of these tokens (a model draft after lookup tokens)."""
-        if drafted == 0:      # nothing learnt: drift back to the prior so k > 0 is tried again
-            self.accepted = self.decay * self.accepted + (1 - self.decay) * _PRIOR_ROUNDS
-            self.rejected = self.decay * self.rejected + (1 - self.decay) * _PRIOR_ROUNDS
+        if drafted == 0:      # nothing to learn (AdaptiveK probes where it stopped drafting)
             return
         self.accepted = self.decay * self.accepted + accepted
         self.rejected = self.decay * self.rejected + (1 if accepted < drafted else 0)
@@ -355,6 +367,8 @@ class AdaptiveK:
     _taken: int = 0               # lookup tokens this round, found by an n-gram of _matched
     _matched: int = 0
     _scale: float = 1.0           # this round's rate against the plan's (thresholds scale)
+    _idle: int = 0                # rounds in a row the plan drafted nothing
+    _probe: bool = False          # this round drafts PROBE tokens to measure α again
 
     def __post_init__(self) -> None:
         if self.times is None:
@@ -389,6 +403,13 @@ class AdaptiveK:
         # round may run to max_k; none is drafted when not even one token pays at this α.
         # Lookup tokens are judged when one is found (take_lookup), so their cap stays.
         k = self.max_k if self._plan[0] else 0
+        self._probe = False
+        if k or not self.model:
+            self._idle = 0
+        else:       # α is not measured while nothing is drafted: probe now and then (below)
+            self._idle += 1
+            if self._idle >= PROBE_EVERY << min(self.learnt.misses, PROBE_BACKOFF):
+                k, self._probe, self._idle = min(PROBE, self.max_k), True, 0
         self._k, self._survive, self._tops, self._taken, self._scale = k, 1.0, [], 0, 1.0
         return self.max_k if k or self.lookup is not None else 0
 
@@ -462,12 +483,18 @@ class AdaptiveK:
             top_probability(logits[-1], self._scratch(logits.shape[-1]))
         self._tops.append(top)
         self._survive *= self.learnt.chance(top, self._taken + len(self._tops) - 1)
+        if self._probe:
+            return drafted < self._k
         return drafted < self._k and self._survive > self._plan[1][drafted] * self._scale
 
     def observe(self, drafted: int, accepted: int, seconds: float | None = None) -> None:
         """A round drafted `drafted` tokens (the first _taken of them lookup tokens),
         `accepted` passed, and drafting plus verification took `seconds`."""
         taken = self._taken
+        if self._probe and drafted > taken:
+            self.learnt.misses = self.learnt.misses + 1 if accepted <= taken else 0
+        elif accepted > taken:                     # the model's tokens pay again
+            self.learnt.misses = 0
         if not taken:
             self.learnt.observe(drafted, accepted, self._tops[:drafted])
             if seconds is not None:

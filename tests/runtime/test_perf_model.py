@@ -199,3 +199,28 @@ def test_median_of_calibrations_takes_each_time_apart_and_keeps_verify_monotone(
     assert low.verify == (1.0, 1.2, 1.5)
     dip = CostModel.median([CostModel(1.0, 0.05, (1.0, 0.9, 1.2))] * 3)
     assert dip.verify == (1.0, 1.0, 1.2)               # a dip in k is noise: smoothed away
+
+
+def test_a_plan_that_drafts_nothing_probes_with_growing_waits():
+    """α is not measured while nothing is drafted: a probe of PROBE tokens every PROBE_EVERY
+    rounds, the wait doubling after each probe with nothing accepted, reset by a hit."""
+    from ssd_runtime.perf import PROBE, PROBE_EVERY
+
+    sched = AdaptiveK(cpu_like(), 8, Acceptance.starting_at(0.02))
+    probes, rounds = [], 0
+    while len(probes) < 3:
+        k = sched.next_k()
+        rounds += 1
+        if k:
+            assert sched.model_cap == PROBE
+            probes.append(rounds)
+            assert sched.keep_drafting(1, np.zeros((1, 4)), (0, 0.01))   # past the rule
+            assert not sched.keep_drafting(2, np.zeros((1, 4)), (0, 0.01))
+        sched.observe(2 if k else 0, 0)
+    assert probes == [PROBE_EVERY, 3 * PROBE_EVERY, 7 * PROBE_EVERY]    # waits 16, 32, 64
+    assert sched.learnt.misses == 3
+    while not sched.next_k():          # the next probe: its first token is accepted
+        sched.observe(0, 0)
+    sched.keep_drafting(1, np.zeros((1, 4)), (0, 0.9))
+    sched.observe(2, 1)
+    assert sched.learnt.misses == 0 and sched.alpha > 0.02
