@@ -337,14 +337,17 @@ def default_texts() -> list[str]:
     every machine with the same Python."""
     import importlib
     import inspect
+    import warnings
 
     texts = []
-    for name in _DOC_MODULES:
-        module = importlib.import_module(name)
-        for obj in [module] + [getattr(module, a) for a in sorted(vars(module))
-                               if not a.startswith("_")]:
-            doc = inspect.getdoc(obj) if inspect.ismodule(obj) or inspect.isclass(obj) \
-                or inspect.isfunction(obj) else None
-            if doc and len(doc) > 200 and doc not in texts:
-                texts.append(doc)
+    with warnings.catch_warnings():     # typing.io and typing.re warn when read (Python 3.11)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for name in _DOC_MODULES:
+            module = importlib.import_module(name)
+            for obj in [module] + [getattr(module, a) for a in sorted(vars(module))
+                                   if not a.startswith("_")]:
+                doc = inspect.getdoc(obj) if inspect.ismodule(obj) or inspect.isclass(obj) \
+                    or inspect.isfunction(obj) else None
+                if doc and len(doc) > 200 and doc not in texts:
+                    texts.append(doc)
     return texts
