@@ -128,7 +128,7 @@ class Batch:
                         Stats(backend=self.gen.backend, k=self.k, prompt_tokens=len(req.ids),
                               mode="batch", threads=f"{self.target.threads}:"
                                                     f"{self.draft.threads}"),
-                        _copy(self.gen._learnt.get(req.kind)))
+                        _copy(self.gen.learnt(req.kind)))
         seq.seq = list(req.ids)
         if req.source != "model":
             seq.lookup = Lookup()

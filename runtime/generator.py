@@ -291,8 +291,18 @@ class Generator:
             self._times[mode] = RoundTimes.from_cost(cost, max_draft)
         lookup = self._learnt.setdefault(f"{kind}/lookup", Acceptance()) \
             if source != "model" else None
-        return AdaptiveK(cost, max_draft, self._learnt.setdefault(kind, Acceptance()),
-                         self._times[mode], lookup=lookup, model=source != "lookup")
+        return AdaptiveK(cost, max_draft, self.learnt(kind), self._times[mode], lookup=lookup,
+                         model=source != "lookup")
+
+    def learnt(self, kind: str) -> Acceptance:
+        """What k="auto" knows of the draft's acceptance for a decoding kind: what earlier
+        calls learnt, else the export's measured agreement of the pair (docs/design.md §6),
+        else the prior."""
+        if kind not in self._learnt:
+            alpha = self.manifest.pair_worth.get("alpha")
+            self._learnt[kind] = Acceptance.starting_at(alpha) \
+                if isinstance(alpha, (int, float)) else Acceptance()
+        return self._learnt[kind]
 
     def encode(self, text: str) -> list[int]:
         return self.codec.encode(text)

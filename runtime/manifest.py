@@ -125,6 +125,10 @@ class Manifest:
                                           # generation_config: do_sample, temperature, top_k,
                                           # top_p, repetition_penalty (the runtime's defaults)
     max_batch: int = 1        # sequences one call may carry, each at its own length
+    # what the exporter measured of the pair and predicted from it (docs/design.md §6, §8):
+    # agreement, alpha, tokens, text, backend, c, c_first, v, speedups, best_k, speedup,
+    # pays, note; {} when not measured (an optional key: a bundle without it reads as {})
+    pair_worth: dict[str, Any] = field(default_factory=dict)
     format: str = FORMAT
     schema_version: int = SCHEMA_VERSION
 
@@ -164,6 +168,7 @@ class Manifest:
                 engines=[EngineEntry(**e) for e in data.get("engines", [])],
                 generation=_generation(data.get("generation", {})),
                 max_batch=int(data.get("max_batch", 1)),
+                pair_worth=_pair_worth(data.get("pair_worth", {})),
                 schema_version=version,
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -197,6 +202,14 @@ def _generation(data: Any) -> dict[str, Any]:
     if not isinstance(data, dict) or any(key not in kinds or not isinstance(value, kinds[key])
                                          for key, value in data.items()):
         raise ValueError(f"generation: {data!r}")
+    return dict(data)
+
+
+def _pair_worth(data: Any) -> dict[str, Any]:
+    """The recorded worth of the pair: an object (its values are for people and tools; the
+    runtime decides nothing from them), else malformed."""
+    if not isinstance(data, dict):
+        raise ValueError(f"pair_worth: {data!r}")
     return dict(data)
 
 

@@ -73,8 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "speculative output may differ from k=0 at near-ties (docs/runtime.md); "
                         "float computes in float32: exact against k=0, slower (int4 only)")
     p.add_argument("--calib", metavar="FILE.jsonl",
-                   help="text for the quantization report, one {\"text\": ...} a line (its last "
-                        "tenth is held out); default: Python's standard-library docstrings")
+                   help="text for the quantization report and the pair's worth (the draft's "
+                        "agreement with the target, docs/export.md), one {\"text\": ...} a line "
+                        "(its last tenth is held out); default: Python's standard-library "
+                        "docstrings")
     p.add_argument("--force", action="store_true", help="replace an existing --output")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--list-architectures", action="store_true",

@@ -40,7 +40,8 @@ class ExportConfig:
     quant_method: QuantMethod = "rtn"
     quant_lm_head: bool = True
     quant_compute: QuantCompute = "int8"
-    calib: str | None = None        # JSONL of {"text": ...}: held-out text for the report
+    calib: str | None = None        # JSONL of {"text": ...}: held-out text for the quality
+                                    # report and the pair's worth (worth.py)
 
     def __post_init__(self) -> None:
         """From Python as from the CLI: paths may be strings, and a value outside a closed set

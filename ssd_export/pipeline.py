@@ -1,4 +1,5 @@
-"""`export_bundle(config)`: load → check pair → trace → parity → engines → write the bundle.
+"""`export_bundle(config)`: load → check pair → trace → parity → engines → the pair's
+worth → write the bundle.
 
 Reads top to bottom; each stage prints one progress line with its time.
 """
@@ -27,6 +28,7 @@ from .pair import (added_ids, chat_template, check_vocabularies, eos_ids,
 from .parity import check_batch, check_parity, ort_errors
 from .qtarget import quantize_target, read_calibration
 from .quantize import BITS, check_request, draft_scheme, quantize_draft
+from .worth import measure_worth
 
 
 def export_bundle(config: ExportConfig) -> Manifest:
@@ -68,7 +70,7 @@ def export_bundle(config: ExportConfig) -> Manifest:
     graph, why = choose_graph(config)
     log.print(f"    graph flavour: {graph} ({why})")
     check_target_quant(config, graph)
-    heldout = read_calibration(config.calib)[1:] if config.quant != contract.NO_QUANT else None
+    heldout = read_calibration(config.calib)[1:]     # the quality report's and the worth's
 
     with log.stage("load models and tokenizers"):
         target = load_model(config.target, "target", config.dtype)
@@ -133,10 +135,15 @@ def export_bundle(config: ExportConfig) -> Manifest:
             with log.stage("check batches of rows at their own lengths"):
                 for role in ("target", "draft"):
                     check_batch(root, manifest, role)
-        engines = export_engines(root, manifest, config.engines, config.engine_precision, log,
-                                 config.output)
+        manifest = replace(manifest, engines=export_engines(
+            root, manifest, config.engines, config.engine_precision, log, config.output))
+        with log.stage("the pair's worth: agreement on held-out text and a quick timing"):
+            worth = measure_worth(root, manifest, target.tokenizer, heldout)   # design §6
+        log.print(worth.line())
+        if warning := worth.warning(manifest.draft.quant):
+            log.print(warning)
         with log.stage("write the manifest"):
-            manifest = finish_manifest(root, replace(manifest, engines=engines))
+            manifest = finish_manifest(root, replace(manifest, pair_worth=worth.as_dict()))
     log.done(config.output)
     return manifest
 

@@ -88,7 +88,7 @@ def quantize_target(loaded: LoadedModel, traced: TracedModel, requested: str, bl
     shutil.copytree(path.parent, keep)
     try:
         texts, source = heldout
-        ids = _heldout_ids(loaded.tokenizer, texts, traced.vocab_size, config.max_context)
+        ids = heldout_ids(loaded.tokenizer, texts, traced.vocab_size, config.max_context)
         index = parameter_index(loaded.model)
         for quant in (("int4", "int8") if requested == "auto" else (requested,)):
             scheme = scheme_for(quant, traced.graph, block, method, lm_head,
@@ -278,19 +278,21 @@ def _restore(keep: Path, folder: Path) -> None:
     shutil.copytree(keep, folder)
 
 
-def _heldout_ids(tokenizer, texts: list[str], vocab: int, max_context: int) -> list[np.ndarray]:
-    """Up to REPORT_TOKENS tokens of the held-out texts, in windows of WINDOW (or the
-    bundle's context)."""
+def heldout_ids(tokenizer, texts: list[str], vocab: int, max_context: int,
+                tokens: int = REPORT_TOKENS, what: str = "the quality report"
+                ) -> list[np.ndarray]:
+    """Up to `tokens` tokens of the held-out texts (ids below `vocab`), in windows of WINDOW
+    (or the bundle's context). `what` reads them, for the error when there are too few."""
     window = min(WINDOW, max_context)
     stream: list[int] = []
     for text in texts:
         stream += tokenizer(text, add_special_tokens=False)["input_ids"]
-        if len(stream) >= REPORT_TOKENS:
+        if len(stream) >= tokens:
             break
-    stream = [t for t in stream[:REPORT_TOKENS] if t < vocab]
+    stream = [t for t in stream[:tokens] if t < vocab]
     if len(stream) < 16:
-        raise ConfigError(f"the held-out text gives {len(stream)} tokens; the quality report "
-                          f"needs at least 16. ---> HINT: give --calib a file with more text.")
+        raise ConfigError(f"the held-out text gives {len(stream)} tokens; {what} needs at "
+                          f"least 16. ---> HINT: give --calib a file with more text.")
     return [np.asarray(stream[i:i + window], np.int64)
             for i in range(0, len(stream) - 1, window) if len(stream[i:i + window]) > 1]
 
@@ -335,14 +337,17 @@ def default_texts() -> list[str]:
     every machine with the same Python."""
     import importlib
     import inspect
+    import warnings
 
     texts = []
-    for name in _DOC_MODULES:
-        module = importlib.import_module(name)
-        for obj in [module] + [getattr(module, a) for a in sorted(vars(module))
-                               if not a.startswith("_")]:
-            doc = inspect.getdoc(obj) if inspect.ismodule(obj) or inspect.isclass(obj) \
-                or inspect.isfunction(obj) else None
-            if doc and len(doc) > 200 and doc not in texts:
-                texts.append(doc)
+    with warnings.catch_warnings():     # typing.io and typing.re warn when read (Python 3.11)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for name in _DOC_MODULES:
+            module = importlib.import_module(name)
+            for obj in [module] + [getattr(module, a) for a in sorted(vars(module))
+                                   if not a.startswith("_")]:
+                doc = inspect.getdoc(obj) if inspect.ismodule(obj) or inspect.isclass(obj) \
+                    or inspect.isfunction(obj) else None
+                if doc and len(doc) > 200 and doc not in texts:
+                    texts.append(doc)
     return texts
