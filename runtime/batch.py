@@ -97,7 +97,7 @@ class Batch:
         self.slots: list[_Sequence | None] = [None] * slots
         self.waiting: deque[_Sequence] = deque()
         self.rounds = 0
-        self.sizes: list[int] = []               # sequences per decode round, for metrics
+        self.last_size = 0                       # sequences in the last decode round (metrics)
         self._next_id = 0
         self._done: list[Event] = []             # ended outside a round (cancel, no room)
         target_vocab, draft_vocab = (generator.manifest.target.vocab_size,
@@ -149,10 +149,6 @@ class Batch:
         """Sequences waiting or decoding."""
         return len(self.waiting) + sum(s is not None for s in self.slots)
 
-    @property
-    def free_slots(self) -> int:
-        return sum(s is None for s in self.slots) - len(self.waiting)
-
     # -- one round -------------------------------------------------------------------------
 
     def step(self) -> list[Event]:
@@ -187,9 +183,10 @@ class Batch:
             t0 = perf_counter()
             if chunk:
                 self.target.prefill(np.asarray(chunk, np.int64), seq.target_len, slot=seq.slot)
-                self.draft.prefill(self._draft_ids(chunk), seq.draft_len, slot=seq.slot)
+                if seq.req.k != 0 and seq.req.source != "lookup":   # else the draft never runs
+                    self.draft.prefill(self._draft_ids(chunk), seq.draft_len, slot=seq.slot)
+                    seq.draft_len = seq.target_len + len(chunk)
                 seq.target_len += len(chunk)
-                seq.draft_len = seq.target_len
                 budget -= len(chunk)
             seq.stats.seconds["prefill"] += perf_counter() - t0
             seq.prefilled = seq.target_len == len(seq.req.ids) - 1
@@ -223,7 +220,7 @@ class Batch:
         logits = self.target.forward_rows(ids, np.asarray(valid, np.int64), real)
         t2 = perf_counter()
         self.rounds += 1
-        self.sizes.append(len(run))
+        self.last_size = len(run)
         events = []
         for seq in run:
             d = drafts[seq.id]

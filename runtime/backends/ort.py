@@ -337,10 +337,11 @@ class OrtCpuSession:
         steps = np.concatenate([np.arange(int(n)) for n in real]).astype(np.intp)
         at = past_lens[rows] + steps
         shape = (B, T, e.num_kv_heads, e.head_dim)
+        size = B * T * e.num_kv_heads * e.head_dim
         assert self._scratch is not None
         for keys, values, (sk, sv) in zip(self.keys, self.values, self._scratch):
-            keys[rows, at] = sk[:B * T * e.num_kv_heads * e.head_dim].reshape(shape)[rows, steps]
-            values[rows, at] = sv[:B * T * e.num_kv_heads * e.head_dim].reshape(shape)[rows, steps]
+            keys[rows, at] = sk[:size].reshape(shape)[rows, steps]
+            values[rows, at] = sv[:size].reshape(shape)[rows, steps]
 
     def _bind_caches(self, first: int, count: int) -> None:
         """The ort graph: slots first..first+count-1 of each whole cache as both past and

@@ -199,9 +199,9 @@ class BatchEngine:
                     self._deliver(ticket, "", None, f"generation failed: {exc}")
                 self._tickets.clear()
                 continue
-            if self.batch.sizes:
-                self.metrics.batch_size.observe(self.batch.sizes[-1])
-                self.batch.sizes.clear()
+            if self.batch.last_size:                    # this step ran a decode round
+                self.metrics.batch_size.observe(self.batch.last_size)
+                self.batch.last_size = 0
             for seq in self.batch.slots:                # admitted this round: the queue wait
                 ticket = self._tickets.get(seq.id) if seq is not None else None
                 if ticket is not None and ticket.admitted is None:
