@@ -68,6 +68,7 @@ def run_bench(bundle: str, configs: list[Config], prompts: list[str], max_new_to
     gens = {t: Generator.load(bundle, backend=backend, threads=t, recalibrate=recalibrate)
             for t in placements}
     runs: dict[Config, list] = {c: [] for c in configs}
+    outputs: dict[int, list[int]] = {}               # the target alone's tokens per prompt
     for c in configs:                                    # warm-up, not recorded
         gens[c.threads].generate(prompts[0], max_new_tokens=8, k=c.k, mode=c.mode,
                                  draft_source=c.source)
@@ -89,6 +90,8 @@ def run_bench(bundle: str, configs: list[Config], prompts: list[str], max_new_to
                                                seed=p if temperature else None,
                                                coupling=coupling, draft_source=c.source)
                 runs[c].append((p, res.stats))
+                if c.k == 0:
+                    outputs.setdefault(p, res.token_ids)
     # k=0 per thread placement: the bound's (and so the efficiency's) own baseline; the
     # speed-up column is against the fastest of them
     costs = {t: CostModel.median(calibrations[t]) for t in placements}
@@ -104,6 +107,10 @@ def run_bench(bundle: str, configs: list[Config], prompts: list[str], max_new_to
                                   own.get(c.threads, baseline),
                                   float(np.median(alphas)) if alphas else None)
     rows = [summary[c] for c in configs]
+    looping = sorted(p for p, ids in outputs.items() if loops(ids))
+    if outputs:                 # the gain on text that loops, apart from the rest
+        for c in configs:
+            rows[configs.index(c)].update(_by_loops(runs[c], c, looping, runs))
     first = gens[placements[0]]
     cores = cpu_cores() if first.backend == "cpu" else None
     return {"bundle": str(bundle), "backend": first.backend, "backend_reason": first.backend_reason,
@@ -112,7 +119,38 @@ def run_bench(bundle: str, configs: list[Config], prompts: list[str], max_new_to
             "cpu_cores": cores,
             "calibration": {f"{t[0]}:{t[1]}": _calibration_row(costs[t], calibrations[t])
                             for t in placements},
+            "looping_prompts": looping if outputs else None,
             "results": rows, "split_vs_sequential": split_against_sequential(rows, cores)}
+
+
+def loops(tokens: list[int]) -> bool:
+    """Whether an output falls into a repeating loop: its second half periodic (each token
+    the one p before it, for some period p <= 32, at 90% of places or more). Lookup drafts
+    win most there, so ssd-bench reports such prompts apart from the others."""
+    half = tokens[len(tokens) // 2:]
+    if len(half) < 16:
+        return False
+    for p in range(1, min(33, len(half) // 2 + 1)):
+        same = sum(a == b for a, b in zip(half[p:], half))
+        if same >= 0.9 * (len(half) - p):
+            return True
+    return False
+
+
+def _by_loops(runs: list, c: Config, looping: list[int],
+              every: dict[Config, list]) -> dict:
+    """tokens/s and × k=0 (same threads) over the prompts whose target output loops, and
+    over the others."""
+    base = next((r for f, r in every.items() if f.k == 0 and f.threads == c.threads), None)
+    out = {}
+    for name, keep in (("loop", lambda p: p in looping), ("no_loop", lambda p: p not in looping)):
+        mine = [(p, s) for p, s in runs if keep(p)]
+        theirs = [(p, s) for p, s in base or [] if keep(p)]
+        tps = _tokens_per_s(mine) if mine else None
+        ref = _tokens_per_s(theirs) if theirs else None
+        out[f"tokens_per_s_{name}"] = tps
+        out[f"speedup_{name}"] = tps / ref if tps and ref else None
+    return out
 
 
 def _calibration_row(cost: CostModel, models: list[CostModel]) -> dict:
@@ -353,6 +391,13 @@ def format_table(report: dict) -> str:
             f"{_f(r['model_acceptance'], 5)} {r['bound']:6.2f} "
             f"{_f(r['efficiency'], 5)} {ms['draft']:7.2f} {ms['verify']:7.2f} {ms['host']:6.2f} "
             f"{100 * r['host_share']:5.1f}%")
+    if report.get("looping_prompts") is not None:
+        n = len(report["looping_prompts"])
+        lines.append(f"x k=0 on the {n} prompt(s) whose target output loops / on the other "
+                     f"{report['prompts'] - n}: " + "; ".join(
+                         f"{r['config']}: {_f(r.get('speedup_loop'), 4).strip()} / "
+                         f"{_f(r.get('speedup_no_loop'), 4).strip()}"
+                         for r in report["results"] if r["k"] != 0))
     for t, cal in report["calibration"].items():
         v = ", ".join(f"{x:.2f}" for x in cal["v"])
         low, high = cal["target_step_ms_range"]

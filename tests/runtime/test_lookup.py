@@ -180,6 +180,16 @@ def test_auto_takes_lookup_tokens_that_pay_and_leaves_those_that_do_not():
     assert off.next_k() == 0 and off.take_lookup(3, 6, 8) == 0
 
 
+def test_an_output_that_loops_is_told_from_one_that_does_not():
+    from ssd_runtime.bench import loops
+
+    assert loops([7] * 40) and loops([5, 6, 7, 8] * 10) and loops(list(range(20)) + [1, 2] * 20)
+    assert not loops(list(range(60))) and not loops([1, 2] * 5)       # too short to judge
+    text = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6, 2, 6, 4, 3, 3, 8, 3,
+            2, 7, 9, 5, 0, 2, 8, 8, 4, 1, 9, 7]
+    assert not loops(text)
+
+
 def test_bad_draft_source_is_refused(bundle_factory, tmp_path, capsys):
     from ssd_runtime.bench import main as bench_main
     from ssd_runtime.cli import main as run_main
@@ -204,7 +214,10 @@ def test_bench_reports_each_source(bundle_factory, tmp_path, capsys):
     assert bench_main([str(bundle_factory("llama", "llama_cut")), "--prompts", str(prompts),
                        "--k", "0,4", "--draft-source", "model,lookup,fused", "--repeats", "1",
                        "--max-new-tokens", "24", "--json", str(out)]) == 0
-    rows = {r["config"]: r for r in json.loads(out.read_text())["results"]}
+    report = json.loads(out.read_text())
+    rows = {r["config"]: r for r in report["results"]}
+    assert report["looping_prompts"] in ([], [0])   # the target alone's output, judged
+    assert all("speedup_loop" in r and "speedup_no_loop" in r for r in rows.values())
     assert len(rows) == 4                           # k=0 once: it drafts nothing
     by_source = {r["source"]: r for r in rows.values()}
     assert set(by_source) == {None, "model", "lookup", "fused"}
