@@ -242,15 +242,20 @@ def ours_variants(bundle: Path, threads: int, ks: list[int | str]) -> list[Varia
     precision = "fp32" if quant == "none" else quant
     label = _quantized(target=precision).lstrip()
 
-    def runner(k: int | str) -> Callable[[list[int], int], Sample]:
+    def runner(k: int | str, source: str) -> Callable[[list[int], int], Sample]:
         def run(ids: list[int], n: int) -> Sample:
             t0 = time.perf_counter()
-            res = gen.generate(ids, max_new_tokens=n, k=k)
+            res = gen.generate(ids, max_new_tokens=n, k=k, draft_source=source)
             return Sample(list(res.token_ids), time.perf_counter() - t0,
                           res.stats.seconds["decode"], res.stats.acceptance_rate if k else None)
         return run
-    return [Variant("ours", f"{label} k={k}{where}".lstrip(), k != 0, runner(k), precision)
-            for k in [0, *ks]]
+
+    def variant(spec: int | str) -> Variant:        # "auto", 8, "auto/model", "8/lookup"
+        k, _, source = str(spec).partition("/")
+        k = k if k == "auto" else int(k)
+        named = f"{label} k={k}{' ' + source if source else ''}{where}".lstrip()
+        return Variant("ours", named, k != 0, runner(k, source or "fused"), precision)
+    return [variant(k) for k in [0, *ks]]
 
 
 def hf_variants(target, draft, threads: int) -> list[Variant]:
@@ -501,7 +506,7 @@ def ratios(rows: list[dict], threads: int) -> list[dict]:
         out.append(q)
         precision, spec = g.ours
         mine = pick("ours", precision, spec) or pick("ours", "fp32", spec)
-        ours = next((r for r in mine if "k=auto" in r["config"]), None) if spec else None
+        ours = next((r for r in mine if "k=auto (" in r["config"]), None) if spec else None
         ours = ours or best(mine, g.metric)
         other = best(pick(g.peer, *g.theirs), g.metric)
         if not (ours and other and ours[g.metric]):
@@ -590,7 +595,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-prompts", type=int, help="only the first N prompts")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", default="1", help="comma-separated thread counts, e.g. 1,2")
-    p.add_argument("--k", default="auto", help="our speculative ks besides k=0, e.g. auto,4")
+    p.add_argument("--k", default="auto",
+                   help="our speculative ks besides k=0, e.g. auto,4; K/SOURCE picks who drafts "
+                        "(auto/model, 8/lookup; default fused)")
     p.add_argument("--genai-k", default="4,adaptive",
                    help="GenAI speculative settings: fixed K (1..16) and/or adaptive")
     p.add_argument("--genai-draft", default="fp32,int8",
@@ -636,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     target, draft = Path(args.target).resolve(), Path(args.draft).resolve()
     threads = [int(t) for t in args.threads.split(",")]
-    ks = [k if k == "auto" else int(k) for k in args.k.split(",") if k not in ("", "0")]
+    ks = [k for k in args.k.split(",") if k not in ("", "0")]
     genai_ks = [k for k in args.genai_k.split(",") if k]
     if bad := [k for k in genai_ks if k != "adaptive" and not 1 <= int(k) <= 16]:
         raise SystemExit(f"--genai-k {bad[0]}: GenAI takes K in [1, 16] or 'adaptive'.")
