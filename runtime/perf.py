@@ -269,6 +269,19 @@ class Acceptance:
                 hits[b] += weight
                 place_hits[b][p] += weight
 
+    def forget(self) -> None:
+        """A round in which this source could have drafted and was not asked to: α drifts
+        back towards the prior and the tenths' counts age, so that a source judged poor is
+        tried again — each try in a row with nothing accepted (`misses`) halving the pace.
+        For lookup drafts (docs/design.md §6.1), whose worth is the text's, not the pair's,
+        and whose tries cost only a longer verification."""
+        rate = (1 - self.decay) / (1 << min(self.misses, PROBE_BACKOFF))
+        self.accepted += rate * (_PRIOR_ROUNDS - self.accepted)
+        self.rejected += rate * (_PRIOR_ROUNDS - self.rejected)
+        self.scale /= self.bin_decay ** (rate / (1 - self.decay))
+        if self.scale > 1e100:
+            self._rescale()
+
     def _rescale(self) -> None:
         s = self.scale
         self.hits = [h / s for h in self.hits]
@@ -451,6 +464,8 @@ class AdaptiveK:
             self._taken, self._matched = best, matched
             self._survive = survives[best - 1]
             self._scale = best_rate / self._plan_rate if self._plan_rate > 0 else 1.0
+        else:
+            self.lookup.forget()
         return best
 
     def extend_lookup(self, taken: int, k: int) -> bool:
@@ -502,6 +517,7 @@ class AdaptiveK:
             return
         judged = min(accepted + 1, taken)
         self.lookup.observe_in(taken, min(accepted, taken), [self._matched] * judged)
+        self.lookup.misses = 0 if accepted else self.lookup.misses + 1
         model = drafted - taken
         if model and accepted >= taken:       # the model's tokens were judged too
             self.learnt.observe_in(model, accepted - taken,

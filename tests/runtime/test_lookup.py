@@ -224,3 +224,22 @@ def test_bench_reports_each_source(bundle_factory, tmp_path, capsys):
     assert by_source["model"]["lookup_share"] == 0 and by_source["model"]["lookup_acceptance"] is None
     assert by_source["lookup"]["lookup_share"] == 1 and by_source["lookup"]["model_acceptance"] is None
     assert "lk%" in capsys.readouterr().out
+
+
+def test_lookup_judged_poor_is_tried_again_ever_more_rarely():
+    """A lookup token's worth is the text's: declined continuations age what was learnt, so
+    lookup is tried again, and each try with nothing accepted doubles the wait."""
+    cost = CostModel(target_step=0.01, draft_step=0.004, verify=tuple(0.01 + 0.001 * k
+                                                                       for k in range(9)))
+    sched = AdaptiveK(cost, 8, Acceptance(accepted=9.0, rejected=1.0),
+                      lookup=Acceptance(accepted=0.2, rejected=9.8))
+    waits, since = [], 0
+    while len(waits) < 3:
+        sched.next_k()
+        since += 1
+        taken = sched.take_lookup(3, 4, 8)
+        if taken:
+            waits.append(since)
+            since = 0
+        sched.observe(taken, 0, None)              # the looked-up tokens are all rejected
+    assert waits[1] > waits[0] and waits[2] > 1.5 * waits[1]
