@@ -45,7 +45,7 @@ test: install
 # The fast subset for every change: leaves out the tests marked slow (exports of every
 # architecture, Hugging Face references, Ray); `make test` runs everything.
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow"
 
 clean:
 	rm -rf $(VENV) $(DEMO)
