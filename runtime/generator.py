@@ -263,7 +263,8 @@ class Generator:
         text = TextStream(self.codec, req.stop)
         lookup = Lookup() if req.source != "model" else None
         schedule = self._adaptive(req.kind, mode, req.source) if k == "auto" else \
-            FixedK(k, model=req.source != "lookup")
+            FixedK(k, req.source != "lookup", self.learnt(req.kind),
+                   self._learnt.setdefault(f"{req.kind}/lookup", Acceptance()))
         drafter = DRAFTERS[mode](self.draft, rule, schedule,
                                  (self.manifest.target.vocab_size, self.manifest.draft.vocab_size),
                                  lookup)

@@ -127,17 +127,24 @@ def calibrate(target: ModelSession, draft: ModelSession, max_draft: int, past_le
 
 @dataclass
 class FixedK:
-    """k draft tokens every round: a lookup continuation's first (up to k), then the draft
-    model's up to k (docs/design.md §6.1); `model=False` drafts lookup tokens only."""
+    """k draft tokens every round (docs/design.md §6.1): a lookup continuation's first, up to
+    k, where its first token is likelier to pass than a model token (both learnt, when the
+    learners are given; else always), then the draft model's; `model=False` drafts lookup
+    tokens only."""
 
     k: int
     model: bool = True
+    learnt: Acceptance | None = None      # the draft model's acceptance
+    lookup: Acceptance | None = None      # lookup tokens'
+    _taken: int = 0
+    _matched: int = 0
 
     @property
     def uses_draft(self) -> bool:
         return self.k > 0 and self.model
 
     def next_k(self) -> int:
+        self._taken = 0
         return self.k
 
     @property
@@ -145,7 +152,12 @@ class FixedK:
         return self.k if self.model else 0
 
     def take_lookup(self, matched: int, found: int, k: int) -> int:
-        return min(found, k)
+        if self.model and self.learnt is not None and self.lookup is not None \
+                and self.lookup.chance_in(matched, 0) < self.learnt.alpha:
+            self.lookup.forget()
+            return 0
+        self._taken, self._matched = min(found, k), matched
+        return self._taken
 
     def extend_lookup(self, taken: int, k: int) -> bool:
         return self.model and taken < k
@@ -154,7 +166,13 @@ class FixedK:
         return True
 
     def observe(self, drafted: int, accepted: int, seconds: float | None = None) -> None:
-        pass
+        taken = self._taken
+        if taken and self.lookup is not None:
+            self.lookup.observe_in(taken, min(accepted, taken),
+                                   [self._matched] * min(accepted + 1, taken))
+            self.lookup.misses = 0 if accepted else self.lookup.misses + 1
+        if self.learnt is not None and drafted > taken and accepted >= taken:
+            self.learnt.observe(drafted - taken, accepted - taken)
 
 
 _BINS = 10                        # tenths of the draft's top probability
