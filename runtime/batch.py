@@ -13,7 +13,8 @@ running slots at once:
 
     prefill   at most PREFILL_BUDGET prompt tokens of newcomers, one slot at a time
     lookup    a slot whose sequence repeats a continuation found earlier in it drafts that,
-              up to k tokens, and no model tokens this round (docs/design.md §6.1)
+              up to k tokens, and no model tokens this round, where lookup's learnt chance
+              beats the slot's model α (docs/design.md §6.1)
     draft     k steps, each one call over slots 0..S-1 (row b: its own feed at its own
               length; rows with nothing to draft carry a dummy token past their valid rows)
     verify    one target call over every row's [last, d1..dk], padded to k+1
@@ -73,6 +74,8 @@ class _Sequence:
     k: int = 0                    # this round's draft length
     lookup: Lookup | None = None  # lookup drafts (docs/design.md §6.1), unless source "model"
     looked: int = 0               # this round's drafts found by lookup (then none by the model)
+    matched: int = 0              # ... on an n-gram of this many tokens
+    lookup_learnt: Acceptance = field(default_factory=Acceptance)   # lookup tokens' acceptance
     first_round: float | None = None
 
     @property
@@ -231,6 +234,8 @@ class Batch:
             if seq.looked:
                 seq.stats.lookup_drafted += seq.looked
                 seq.stats.lookup_accepted += j
+                seq.lookup_learnt.observe_in(seq.looked, j, [seq.matched] * min(j + 1, seq.looked))
+                seq.lookup_learnt.misses = 0 if j else seq.lookup_learnt.misses + 1
             elif d:                                   # α: of the draft model's tokens
                 seq.acceptance.observe(len(d), j)
             events.append(self._emit(seq, [*d[:j], t], len(d), j, t1 - t0, t2 - t1))
@@ -245,7 +250,13 @@ class Batch:
         for seq in run:
             seq.looked = 0
             if seq.k and seq.lookup is not None:      # a continuation found earlier: free
-                found, _ = seq.lookup.find(seq.seq, seq.k)
+                found, seq.matched = seq.lookup.find(seq.seq, seq.k)
+                # taken where its first token is likelier to pass than a model token (as
+                # perf.FixedK); else what was learnt of lookup ages (Acceptance.forget)
+                if found and seq.req.source != "lookup" and \
+                        seq.lookup_learnt.chance_in(seq.matched, 0) < seq.acceptance.alpha:
+                    seq.lookup_learnt.forget()
+                    found = []
                 drafts[seq.id], probs[seq.id] = found, [None] * len(found)   # point masses
                 seq.looked = len(found)
             model[seq.id] = 0 if seq.looked or seq.req.source == "lookup" else seq.k
