@@ -61,12 +61,13 @@ def load_prompts(path: str | None) -> list[str]:
 
 def run_bench(bundle: str, configs: list[Config], prompts: list[str], max_new_tokens: int,
               temperature: float, repeats: int, backend: str = "auto",
-              coupling: str = "rejection", recalibrate: bool = False) -> dict:
+              coupling: str = "rejection", recalibrate: bool = False,
+              draft_backend: str | None = None) -> dict:
     from .generator import Generator
 
     placements = sorted({c.threads for c in configs})
-    gens = {t: Generator.load(bundle, backend=backend, threads=t, recalibrate=recalibrate)
-            for t in placements}
+    gens = {t: Generator.load(bundle, backend=backend, threads=t, recalibrate=recalibrate,
+                              draft_backend=draft_backend) for t in placements}
     runs: dict[Config, list] = {c: [] for c in configs}
     outputs: dict[int, list[int]] = {}               # the target alone's tokens per prompt
     for c in configs:                                    # warm-up, not recorded
@@ -278,6 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "for sequential, 1:1 for split)")
     p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda", "trt"),
                    help="auto: trt, then cuda, then cpu (the report says which and why)")
+    p.add_argument("--draft-backend", default=None, choices=("cpu", "cuda", "trt"),
+                   help="the draft's backend where it differs: cpu beside a cuda or trt target")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--coupling", choices=("rejection", "invariant"), default="rejection",
                    help="sampled runs: the rule an unseeded request gets (rejection), or the "
@@ -303,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         _plot_format(args.plot)
     report = run_bench(args.bundle, configs, prompts, args.max_new_tokens,
                        args.temperature, args.repeats, args.backend, args.coupling,
-                       args.recalibrate)
+                       args.recalibrate, args.draft_backend)
     print(format_table(report))
     if args.json_out:                     # whole or not at all: a temporary file, renamed
         tmp = Path(f"{args.json_out}.tmp")

@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="who drafts: fused (continuations found earlier in the text where they "
                         "pay, the draft model elsewhere; default), model, lookup")
     p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda", "trt"))
+    p.add_argument("--draft-backend", default=None, choices=("cpu", "cuda", "trt"),
+                   help="the draft's backend where it differs: cpu beside a cuda or trt target "
+                        "(default: the target's)")
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads")
     p.add_argument("--recalibrate", action="store_true",
                    help="measure again what start-up remembers for this bundle and machine: "
@@ -54,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     from .generator import Generator
 
     gen = Generator.load(args.bundle, backend=args.backend, threads=args.threads,
-                         mode=args.mode, recalibrate=args.recalibrate)
+                         mode=args.mode, recalibrate=args.recalibrate,
+                         draft_backend=args.draft_backend)
     options = dict(max_new_tokens=args.max_new_tokens, k=args.k, temperature=args.temperature,
                    top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,
                    mode=args.mode, repetition_penalty=args.repetition_penalty,

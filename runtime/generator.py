@@ -61,15 +61,16 @@ class Generator:
     def __init__(self, root: Path, manifest: Manifest, backend: str = "auto",
                  threads: Threads = None, fused_heads: bool | None = None,
                  mode: Mode = "sequential", max_batch: int = 1,
-                 recalibrate: bool = False) -> None:
+                 recalibrate: bool = False, draft_backend: str | None = None) -> None:
         self.root, self.manifest, self.mode = root, manifest, _checked_mode(mode)
         self.max_batch = _checked_batch(max_batch, manifest)
         self.recalibrate = recalibrate               # measure again what cache.py remembers
         self.codec = TextCodec(root, manifest.tokenizer)
         opened = open_backend(root, manifest, backend, threads, mode, self.max_batch,
-                              recalibrate)
+                              recalibrate, draft_backend)
         self.target, self.draft = opened.target, opened.draft
-        self.backend = opened.backend            # "cpu" | "cuda" | "trt"
+        self.backend = opened.backend            # "cpu" | "cuda" | "trt": the target's
+        self.draft_backend = opened.draft_backend or opened.backend
         self.backend_reason = opened.reason      # e.g. "cpu (auto): trt skipped: TensorRT …"
         if fused_heads is None:              # on a device, decisions stay next to the logits
             fused_heads = self.backend != "cpu" and bool(manifest.heads)
@@ -87,7 +88,7 @@ class Generator:
     def load(cls, bundle: str | Path, backend: str = "auto", threads: Threads = None,
              verify: bool = True, fused_heads: bool | None = None,
              mode: Mode = "sequential", max_batch: int = 1,
-             recalibrate: bool = False) -> Generator:
+             recalibrate: bool = False, draft_backend: str | None = None) -> Generator:
         """Open a bundle written by ssd-export; `verify` checks every file's sha256 (a file
         unchanged since an earlier load's check is not hashed again: docs/design.md §8.1).
         `backend`: auto (trt, then cuda, then cpu; `gen.backend_reason` says why), cpu, cuda
@@ -98,10 +99,12 @@ class Generator:
         `max_batch`: KV slots for that many sequences decoded together (generate_batch,
         batch(); up to the bundle's own max_batch, CPU backend). The CPU threads chosen by
         timing and the calibrations of k="auto" are remembered per bundle and machine
-        (docs/design.md §8.1); `recalibrate` measures them again and remembers the new."""
+        (docs/design.md §8.1); `recalibrate` measures them again and remembers the new.
+        `draft_backend="cpu"`: the draft on the host's cores beside a cuda or trt target
+        (docs/design.md §9; with mode="split" it drafts during the GPU's verification)."""
         root = Path(bundle)
         return cls(root, read_manifest(root, verify=verify), backend, threads, fused_heads, mode,
-                   max_batch, recalibrate)
+                   max_batch, recalibrate, draft_backend)
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128,
                  k: int | Literal["auto"] = "auto", **settings: Any) -> GenerationResult:

@@ -204,6 +204,10 @@ for backend in cpu cuda trt; do
     --backend "$backend" --k 0,auto --repeats 1 --max-new-tokens 64 \
     --json "$WORK/bench-$backend.json"
 done
+# a CPU draft beside the GPU target (issue 24), sequential and split
+step 100 "ssd-bench --backend cuda --draft-backend cpu" "$PY" -m ssd_runtime.bench \
+  "$BENCH_BUNDLE" --backend cuda --draft-backend cpu --k 0,auto --mode sequential,split \
+  --repeats 1 --max-new-tokens 64 --json "$WORK/bench-cuda-cpu-draft.json"
 
 section "done in $(( $(date +%s) - START )) s; scratch files in $WORK"
 echo "report: $REPORT"

@@ -32,8 +32,9 @@ Threads = int | tuple[int, int] | None        # both models, or (target, draft),
 class Opened:
     target: ModelSession
     draft: ModelSession
-    backend: str          # "cpu" | "cuda" | "trt"
+    backend: str          # "cpu" | "cuda" | "trt": the target's
     reason: str           # why this backend, e.g. "cpu (auto): TensorRT: not installed; ..."
+    draft_backend: str = ""   # the draft's, where it differs (a CPU draft beside a GPU target)
 
 
 def cpu_cores() -> int:
@@ -45,17 +46,23 @@ def cpu_cores() -> int:
 
 def open_backend(root: Path, manifest: Manifest, backend: str = "auto",
                  threads: Threads = None, mode: str = "sequential", max_batch: int = 1,
-                 recalibrate: bool = False) -> Opened:
+                 recalibrate: bool = False, draft_backend: str | None = None) -> Opened:
     """Open both sessions on the first backend of the plan that opens; say why it won.
     `max_batch`: KV slots per model, one sequence each (docs/design.md §11). `recalibrate`:
-    time the CPU thread counts again instead of taking the remembered choice."""
+    time the CPU thread counts again instead of taking the remembered choice.
+    `draft_backend="cpu"`: the draft on ONNX Runtime's CPU provider beside a cuda or trt
+    target (docs/design.md §9): the plan then asks only the target to run on a GPU."""
     if backend not in BACKENDS:
         raise BackendError(f"backend {backend!r} is unknown; choose one of {', '.join(BACKENDS)}.")
+    if draft_backend not in (None, *BACKENDS[1:]):
+        raise BackendError(f"draft_backend {draft_backend!r} is unknown; choose one of "
+                           f"{', '.join(BACKENDS[1:])} (None: the target's).")
     placement = threads if isinstance(threads, tuple) else (threads, threads)
     for n in placement:
         if n is not None and (not isinstance(n, int) or n < 1):
             raise ConfigError(f"threads={threads!r}: each count must be a positive integer.")
-    chosen_plan = plan(backend, probe(manifest, backend))
+    cpu_draft = draft_backend == "cpu"
+    chosen_plan = plan(backend, probe(manifest, backend, target_only=cpu_draft))
     failures: list[str] = []
     for name in chosen_plan.attempts:
         try:
@@ -63,14 +70,26 @@ def open_backend(root: Path, manifest: Manifest, backend: str = "auto",
                 raise BackendError(f"backend {name!r} decodes one sequence at a time for now "
                                    f"(max_batch={max_batch}); batches run on the cpu backend. "
                                    f"---> HINT: use backend='cpu', or max_batch=1.")
-            target, draft = _OPENERS[name](root, manifest, placement, chosen_plan, mode,
-                                           max_batch, recalibrate)
+            if draft_backend not in (None, name, "cpu"):
+                raise BackendError(f"draft_backend {draft_backend!r} beside a {name!r} target: "
+                                   f"only a CPU draft beside a GPU target is supported (the "
+                                   f"draft's steps are the small, latency-bound ones). ---> "
+                                   f"HINT: use draft_backend='cpu', or leave it unset.")
+            if cpu_draft and name != "cpu":
+                target = _open_one(name, root, manifest, "target", placement[0], chosen_plan)
+                draft = _open_one("cpu", root, manifest, "draft", placement[1], chosen_plan)
+            else:
+                target, draft = _OPENERS[name](root, manifest, placement, chosen_plan, mode,
+                                               max_batch, recalibrate)
         except BackendError as exc:      # a refusal; anything else is a bug and propagates
             if backend != "auto" or name == chosen_plan.attempts[-1]:
                 raise
             failures.append(f"{name} did not open: {exc}")
             continue
-        return Opened(target, draft, name, describe(name, chosen_plan, failures, backend))
+        reason = describe(name, chosen_plan, failures, backend)
+        if cpu_draft and name != "cpu":
+            return Opened(target, draft, name, f"{reason}; the draft on cpu", "cpu")
+        return Opened(target, draft, name, reason)
     raise AssertionError("a plan always ends with a backend that raises or opens")
 
 
@@ -85,14 +104,19 @@ def cpu_session(name: str, root: Path, manifest: Manifest, threads: int = 1,
                          manifest.max_draft + 2, threads, max_batch)
 
 
-def probe(manifest: Manifest, requested: str) -> Facts:
-    """The facts `plan` needs; TensorRT is only looked at when it could be chosen."""
+def probe(manifest: Manifest, requested: str, target_only: bool = False) -> Facts:
+    """The facts `plan` needs; TensorRT is only looked at when it could be chosen.
+    `target_only`: the draft runs on the CPU whatever is chosen, so only the target's graph
+    decides whether the bundle is CPU-only."""
     import onnxruntime as ort
 
     providers = tuple(ort.get_available_providers())
-    if requested not in ("auto", "trt") or manifest.cpu_only:
-        return Facts(ort_providers=providers, engines=tuple(manifest.engines),
-                     cpu_only=manifest.cpu_only)
+    cpu_only = manifest.cpu_only
+    if target_only:
+        why = manifest.target.cpu_only
+        cpu_only = f"the target is {why}, built for ONNX Runtime's CPU kernels" if why else ""
+    if requested not in ("auto", "trt") or cpu_only:
+        return Facts(ort_providers=providers, engines=tuple(manifest.engines), cpu_only=cpu_only)
     from .trt import probe_tensorrt
 
     version, gpu, problem = probe_tensorrt()
@@ -152,6 +176,31 @@ def _open_trt(root: Path, manifest: Manifest, placement, chosen: Plan, _: str, _
 
 
 _OPENERS = {"cpu": _open_cpu, "cuda": _open_cuda, "trt": _open_trt}
+
+
+def _open_one(kind: str, root: Path, manifest: Manifest, name: str, threads: int | None,
+              chosen: Plan) -> ModelSession:
+    """One model on one backend, for a placement that splits them (a CPU draft beside a GPU
+    target: its threads, unless given, chosen by timing as a target's, all cores free)."""
+    entry: ModelEntry = getattr(manifest, name)
+    if kind == "cpu":
+        return _open(root, manifest, name, entry, threads, cores=cpu_cores())
+    max_new = manifest.max_draft + 2
+    if kind == "cuda":
+        from .ort_cuda import OrtCudaSession
+
+        return OrtCudaSession(name, root / entry.path, entry, manifest.max_context, max_new,
+                              threads or 1)
+    from .trt import TrtSession
+
+    assert chosen.engines is not None
+    try:
+        return TrtSession(name, root / chosen.engines[name].path, entry, chosen.engines[name],
+                          manifest.max_context, max_new)
+    except RuntimeError as exc:   # TensorRT's Python bindings raise it for a refused call
+        raise BackendError(f"backend 'trt' did not open the {name}: TensorRT refused it ({exc})."
+                           f" ---> HINT: rebuild the engines with ssd-build-engines BUNDLE "
+                           f"--force, or choose another backend.") from exc
 
 
 def _open(root: Path, manifest: Manifest, name: str, entry: ModelEntry,

@@ -171,10 +171,12 @@ def _load(config: ServeConfig) -> Generator:
     slots = config.max_batch or 1
     if config.max_batch is None and config.mode != "split":
         manifest = read_manifest(config.bundle, verify=False)
-        if plan(config.backend, probe(manifest, config.backend)).attempts[0] == "cpu":
+        facts = probe(manifest, config.backend, target_only=config.draft_backend == "cpu")
+        if plan(config.backend, facts).attempts[0] == "cpu":
             slots = manifest.max_batch
     return Generator.load(config.bundle, config.backend, config.threads, mode=config.mode,
-                          max_batch=slots, recalibrate=config.recalibrate)
+                          max_batch=slots, recalibrate=config.recalibrate,
+                          draft_backend=config.draft_backend)
 
 
 def _add_routes(app: FastAPI, server: Server) -> None:

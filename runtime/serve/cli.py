@@ -21,6 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda", "trt"))
+    p.add_argument("--draft-backend", default=None, choices=("cpu", "cuda", "trt"),
+                   help="the draft's backend where it differs: cpu beside a cuda or trt target")
     p.add_argument("--k", type=k_option, default="auto", metavar="auto|N",
                    help="draft tokens per round: auto (adaptive, default) or N; 0 = target alone")
     p.add_argument("--max-queue", type=int, default=64, metavar="N",
@@ -58,7 +60,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                        k=args.k, max_queue=args.max_queue, max_batch=args.max_batch,
                        max_tokens_limit=args.max_tokens_limit,
                        threads=args.threads, mode=args.mode, model_name=args.model_name,
-                       recalibrate=args.recalibrate, draft_source=args.draft_source)
+                       recalibrate=args.recalibrate, draft_source=args.draft_source,
+                       draft_backend=args.draft_backend)
 
 
 @cli_main("ssd-serve")

@@ -28,6 +28,7 @@ class ServeConfig:
     model_name: str | None = None       # None: the bundle folder's name
     recalibrate: bool = False           # time threads and batch sizes again (cache.py)
     draft_source: str = "fused"         # lookup.DRAFT_SOURCES: who drafts
+    draft_backend: str | None = None    # "cpu": the draft on the host beside a GPU target
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bundle", Path(self.bundle).resolve())

@@ -378,3 +378,43 @@ def test_a_bug_in_a_backend_is_not_a_fallback(monkeypatch, backend):
     attempts = ("cuda", "cpu") if backend == "auto" else ("cpu",)
     with pytest.raises(RuntimeError, match="a bug"):
         open_with(monkeypatch, backend, attempts, {"cuda": buggy_cuda, "cpu": buggy_cuda})
+
+
+# --- a CPU draft beside a GPU target ------------------------------------------------------
+
+def test_a_cpu_draft_is_asked_for_by_name_and_refused_where_it_cannot_go(bundle_factory):
+    bundle = bundle_factory("llama", "llama_cut", graph="standard")
+    with pytest.raises(BackendError, match="draft_backend 'tpu' is unknown; choose one of "
+                                           "cpu, cuda, trt"):
+        Generator.load(bundle, draft_backend="tpu")
+    with pytest.raises(BackendError, match="draft_backend 'cuda' beside a 'cpu' target: only "
+                                           "a CPU draft beside a GPU target"):
+        Generator.load(bundle, backend="cpu", draft_backend="cuda")
+    with pytest.raises(BackendError, match=r"backend 'cuda'.*install onnxruntime-gpu"):
+        Generator.load(bundle, backend="cuda", draft_backend="cpu")   # no GPU here
+    same = Generator.load(bundle, backend="cpu", draft_backend="cpu")  # one backend: as before
+    assert (same.backend, same.draft_backend) == ("cpu", "cpu")
+    assert same.generate(PROMPT, max_new_tokens=16, k=3).token_ids == \
+        Generator.load(bundle).generate(PROMPT, max_new_tokens=16, k=0).token_ids
+
+
+def test_a_cpu_only_draft_does_not_keep_a_gpu_target_on_the_cpu(bundle_factory):
+    """A bundle whose draft is CPU-only (MatMulNBits) is CPU-only as a whole, unless the draft
+    is to run on the CPU anyway: then only the target's graph decides."""
+    from dataclasses import replace
+
+    from ssd_runtime.backends import probe
+    from ssd_runtime.manifest import read_manifest
+
+    manifest = read_manifest(bundle_factory("llama", "llama_cut", graph="standard"))
+    assert manifest.cpu_only == ""
+    cpu_draft = replace(manifest, draft=replace(manifest.draft, quant="int4",
+                                                quant_scheme={"form": "MatMulNBits"}))
+    assert "the draft is int4 MatMulNBits weights" in cpu_draft.cpu_only
+    assert probe(cpu_draft, "cuda").cpu_only == cpu_draft.cpu_only
+    assert probe(cpu_draft, "cuda", target_only=True).cpu_only == ""
+    facts = replace(probe(cpu_draft, "cuda", target_only=True), ort_providers=WITH_CUDA)
+    assert plan("auto", facts).attempts[0] == "cuda"
+    ort_target = read_manifest(bundle_factory("llama", "llama_cut"))
+    assert "the target is the 'ort' graph flavour" in \
+        probe(ort_target, "cuda", target_only=True).cpu_only

@@ -141,3 +141,12 @@ def test_trt_binds_the_past_and_the_new_rows_inside_the_arena(aligned_bundle):
     again = session.forward(np.array([17, 33], np.int64), 3)     # rolled back: free
     np.testing.assert_allclose(again.numpy(), first, atol=1e-5)
     np.testing.assert_allclose(again[-1], first[-1], atol=1e-5)   # one row to the host
+
+
+@pytest.mark.parametrize("backend", ["cuda", pytest.param("trt", marks=needs_trt)])
+@pytest.mark.parametrize("mode", ["sequential", "split"])
+def test_a_cpu_draft_beside_a_gpu_target_gives_the_cpu_tokens(gpu_bundle, backend, mode):
+    mixed = Generator.load(gpu_bundle, backend=backend, draft_backend="cpu", mode=mode)
+    assert (mixed.backend, mixed.draft_backend) == (backend, "cpu")
+    assert mixed.backend_reason.endswith("the draft on cpu")
+    assert streams(mixed, mode=mode) == streams(Generator.load(gpu_bundle, backend="cpu"))
