@@ -131,13 +131,18 @@ class Batch:
                         Stats(backend=self.gen.backend, k=self.k, prompt_tokens=len(req.ids),
                               mode="batch", threads=f"{self.target.threads}:"
                                                     f"{self.draft.threads}"),
-                        _copy(self.gen.learnt(req.kind)))
+                        self._acceptance(req))
         seq.seq = list(req.ids)
         if req.source != "model":
             seq.lookup = Lookup()
         self._next_id += 1
         self.waiting.append(seq)
         return seq.id
+
+    def _acceptance(self, req: Request) -> Acceptance:
+        """A sequence's own estimate of α: under k="auto" from what earlier sequences of its
+        kind saw; at a fixed k from the prior alone, so that its drafts depend on it alone."""
+        return _copy(self.gen.learnt(req.kind)) if req.k == "auto" else self.gen.prior()
 
     def cancel(self, seq_id: int) -> bool:
         """Stop a sequence now (its slot is free for the next round); False if unknown."""

@@ -265,9 +265,10 @@ class Generator:
                       threads=f"{self.target.threads}:{self.draft.threads}")
         text = TextStream(self.codec, req.stop)
         lookup = Lookup() if req.source != "model" else None
+        # a fixed k learns afresh each call: its drafts (and so a seeded rejection-rule run's
+        # tokens) depend on this call alone, not on what earlier calls saw
         schedule = self._adaptive(req.kind, mode, req.source) if k == "auto" else \
-            FixedK(k, req.source != "lookup", self.learnt(req.kind),
-                   self._learnt.setdefault(f"{req.kind}/lookup", Acceptance()))
+            FixedK(k, req.source != "lookup", self.prior(), Acceptance())
         drafter = DRAFTERS[mode](self.draft, rule, schedule,
                                  (self.manifest.target.vocab_size, self.manifest.draft.vocab_size),
                                  lookup)
@@ -303,10 +304,15 @@ class Generator:
         calls learnt, else the export's measured agreement of the pair (docs/design.md §6),
         else the prior."""
         if kind not in self._learnt:
-            alpha = self.manifest.pair_worth.get("alpha")
-            self._learnt[kind] = Acceptance.starting_at(alpha) \
-                if isinstance(alpha, (int, float)) else Acceptance()
+            self._learnt[kind] = self.prior()
         return self._learnt[kind]
+
+    def prior(self) -> Acceptance:
+        """The draft's acceptance as known before decoding: the export's measured agreement
+        of the pair (manifest `pair_worth`), else the prior's 0.5."""
+        alpha = self.manifest.pair_worth.get("alpha")
+        return Acceptance.starting_at(alpha) if isinstance(alpha, (int, float)) \
+            and not isinstance(alpha, bool) else Acceptance()
 
     def encode(self, text: str) -> list[int]:
         return self.codec.encode(text)

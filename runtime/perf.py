@@ -127,10 +127,9 @@ def calibrate(target: ModelSession, draft: ModelSession, max_draft: int, past_le
 
 @dataclass
 class FixedK:
-    """k draft tokens every round (docs/design.md §6.1): a lookup continuation's first, up to
-    k, where its first token is likelier to pass than a model token (both learnt, when the
-    learners are given; else always), then the draft model's; `model=False` drafts lookup
-    tokens only."""
+    """k draft tokens every round (docs/design.md §6.1): a lookup continuation, up to k, where
+    its first token is likelier to pass than a model token (both learnt, when the learners are
+    given; else always), else the draft model's k; `model=False` drafts lookup tokens only."""
 
     k: int
     model: bool = True
@@ -160,7 +159,9 @@ class FixedK:
         return self._taken
 
     def extend_lookup(self, taken: int, k: int) -> bool:
-        return self.model and taken < k
+        """A taken continuation is the round (as in a batch's slot, batch.py: a fixed k drafts
+        the same tokens alone and in a batch)."""
+        return False
 
     def keep_drafting(self, drafted: int, logits: np.ndarray, top=None) -> bool:
         return True

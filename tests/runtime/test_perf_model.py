@@ -177,13 +177,14 @@ def test_auto_on_a_real_bundle(bundle_factory):
     gen = Generator.load(bundle_factory("llama", "llama"))   # the target is its own draft
     cost = gen.cost_model()
     assert cost.target_step > 0 and cost.draft_step > 0 and len(cost.verify) == 9
-    # a draft as dear as the target can never pay: auto keeps to k = 0
-    res = gen.generate([0, 5, 9], max_new_tokens=64, k="auto")
+    # a draft as dear as the target can never pay: auto keeps to k = 0 (the model's drafts
+    # alone: lookup drafts cost no draft step and may pay)
+    res = gen.generate([0, 5, 9], max_new_tokens=64, k="auto", draft_source="model")
     assert res.stats.k == "auto" and res.stats.mean_k < 0.5
     # with GPU-like costs the same pair (α = 1) drafts long rounds
     gen._cost = gpu_like()
     gen._times.clear()                 # the round times learnt so far came from the real costs
-    res = gen.generate([0, 5, 9], max_new_tokens=64, k="auto")
+    res = gen.generate([0, 5, 9], max_new_tokens=64, k="auto", draft_source="model")
     assert res.stats.acceptance_rate == 1.0 and res.stats.mean_k > 3
 
 
