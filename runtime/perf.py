@@ -237,7 +237,7 @@ class Acceptance:
     def starting_at(cls, alpha: float) -> Acceptance:
         """Knowing nothing but an estimate of α (the export's measured agreement of the pair:
         docs/design.md §6), with the prior's weight."""
-        alpha = min(max(float(alpha), 0.0), 1.0)
+        alpha = min(max(float(alpha), 0.01), 0.99)     # a measurement, not a certainty
         return cls(accepted=2 * _PRIOR_ROUNDS * alpha, rejected=2 * _PRIOR_ROUNDS * (1 - alpha))
 
     @property
@@ -460,7 +460,8 @@ class AdaptiveK:
             for m in range(1, n - d + 1):
                 power *= alpha
                 gain += power
-                lowest = min(lowest, rate * (seconds[d + m] - seconds[d]) / gain)
+                if gain > 0:                 # α = 0: no more tokens ever pay
+                    lowest = min(lowest, rate * (seconds[d + m] - seconds[d]) / gain)
             thresholds.append(lowest)
         return best, thresholds
 
@@ -502,7 +503,8 @@ class AdaptiveK:
             gain += power
             seconds = pace * (first + (m - 1) * step + cost.verify[taken + m] -
                               cost.verify[taken])
-            lowest = min(lowest, rate * seconds / gain)
+            if gain > 0:
+                lowest = min(lowest, rate * seconds / gain)
         if self._survive <= lowest:
             return False
         self._k = k

@@ -225,3 +225,12 @@ def test_a_plan_that_drafts_nothing_probes_with_growing_waits():
     sched.keep_drafting(1, np.zeros((1, 4)), (0, 0.9))
     sched.observe(2, 1)
     assert sched.learnt.misses == 0 and sched.alpha > 0.02
+
+
+def test_a_pair_measured_at_no_agreement_plans_without_dividing_by_zero():
+    for alpha in (0.0, 1.0):
+        sched = AdaptiveK(cpu_like(), 8, Acceptance.starting_at(alpha))
+        assert 0 < sched.alpha < 1
+        sched.next_k()
+    best, thresholds = AdaptiveK(cpu_like(), 8).plan(0.0)
+    assert best == 0 and thresholds == [float("inf")] * 8
