@@ -341,7 +341,7 @@ def open_with(monkeypatch, backend: str, attempts: tuple[str, ...], openers: dic
     import ssd_runtime.backends as backends
     from ssd_runtime.backends.select import Plan
 
-    monkeypatch.setattr(backends, "probe", lambda manifest, requested: Facts())
+    monkeypatch.setattr(backends, "probe", lambda manifest, requested, **_: Facts())
     monkeypatch.setattr(backends, "plan", lambda requested, facts: Plan(
         attempts, engines={r: SimpleNamespace(path=f"{r}.plan") for r in ("target", "draft")}))
     monkeypatch.setattr(backends, "_OPENERS", {**backends._OPENERS, **openers})
