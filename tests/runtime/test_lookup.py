@@ -68,7 +68,8 @@ def small(small_vocab_bundle):
 def test_lookup_sampling_is_exact(small, source, k, coupling):
     """A lookup token is a draft whose q is a point mass: accepted with probability p(x), a
     rejection samples p without x. The first two tokens after a looping prompt (the first is
-    proposed by lookup in every run) follow the target's enumerated distribution."""
+    proposed by lookup in most runs at a fixed k; under auto where the schedule judges it
+    worth it) follow the target's enumerated distribution."""
     gen, target_dir = small
     setting = dict(temperature=1.0)
     joint = _looped_joint(target_dir, setting)
@@ -78,7 +79,8 @@ def test_lookup_sampling_is_exact(small, source, k, coupling):
                            draft_source=source, **setting)
         samples.append(_first_two(res.token_ids))
         looked += res.stats.lookup_drafted > 0
-    assert looked > SAMPLES // 2                      # the lookup path is what is tested
+    # the lookup path is what is tested (auto takes a continuation where it pays: ~5% here)
+    assert looked > (SAMPLES // 2 if k != "auto" else SAMPLES // 50)
     p = chi_square_p(samples, joint)
     assert p > 1e-3, f"samples with lookup drafts do not follow the target (p={p:.2g})"
 
