@@ -38,7 +38,7 @@ from .batch_cost import BatchCost, best_k, measure
 from .errors import ConfigError
 from .loop import Stats
 from .lookup import Lookup
-from .perf import Acceptance
+from .perf import Acceptance, lookup_beats
 from .text import TextStream
 
 if TYPE_CHECKING:
@@ -239,8 +239,7 @@ class Batch:
             if seq.looked:
                 seq.stats.lookup_drafted += seq.looked
                 seq.stats.lookup_accepted += j
-                seq.lookup_learnt.observe_in(seq.looked, j, [seq.matched] * min(j + 1, seq.looked))
-                seq.lookup_learnt.misses = 0 if j else seq.lookup_learnt.misses + 1
+                seq.lookup_learnt.observe_run(seq.looked, j, seq.matched)
             elif d:                                   # α: of the draft model's tokens
                 seq.acceptance.observe(len(d), j)
             events.append(self._emit(seq, [*d[:j], t], len(d), j, t1 - t0, t2 - t1))
@@ -256,11 +255,10 @@ class Batch:
             seq.looked = 0
             if seq.k and seq.lookup is not None:      # a continuation found earlier: free
                 found, seq.matched = seq.lookup.find(seq.seq, seq.k)
-                # taken where its first token is likelier to pass than a model token (as
-                # perf.FixedK); else what was learnt of lookup ages (Acceptance.forget)
+                # taken where its first token is as likely to pass as a model token (as a
+                # fixed k alone: perf.lookup_beats)
                 if found and seq.req.source != "lookup" and \
-                        seq.lookup_learnt.chance_in(seq.matched, 0) < seq.acceptance.alpha:
-                    seq.lookup_learnt.forget()
+                        not lookup_beats(seq.lookup_learnt, seq.acceptance, seq.matched):
                     found = []
                 drafts[seq.id], probs[seq.id] = found, [None] * len(found)   # point masses
                 seq.looked = len(found)

@@ -27,7 +27,7 @@ class Config:
     k: int | str
     mode: str
     threads: tuple[int, int]
-    source: str = "fused"         # lookup.DRAFT_SOURCES (k=0 drafts nothing: "-")
+    source: str = "fused"         # lookup.DRAFT_SOURCES (k=0 drafts nothing: not named)
 
     @property
     def name(self) -> str:
@@ -110,8 +110,8 @@ def run_bench(bundle: str, configs: list[Config], prompts: list[str], max_new_to
     rows = [summary[c] for c in configs]
     looping = sorted(p for p, ids in outputs.items() if loops(ids))
     if outputs:                 # the gain on text that loops, apart from the rest
-        for c in configs:
-            rows[configs.index(c)].update(_by_loops(runs[c], c, looping, runs))
+        for c, row in zip(configs, rows):
+            row.update(_by_loops(c, looping, runs))
     first = gens[placements[0]]
     cores = cpu_cores() if first.backend == "cpu" else None
     return {"bundle": str(bundle), "backend": first.backend, "backend_reason": first.backend_reason,
@@ -138,14 +138,13 @@ def loops(tokens: list[int]) -> bool:
     return False
 
 
-def _by_loops(runs: list, c: Config, looping: list[int],
-              every: dict[Config, list]) -> dict:
-    """tokens/s and × k=0 (same threads) over the prompts whose target output loops, and
+def _by_loops(c: Config, looping: list[int], runs: dict[Config, list]) -> dict:
+    """c's tokens/s and × k=0 (same threads) over the prompts whose target output loops, and
     over the others."""
-    base = next((r for f, r in every.items() if f.k == 0 and f.threads == c.threads), None)
+    base = next((r for f, r in runs.items() if f.k == 0 and f.threads == c.threads), None)
     out = {}
     for name, keep in (("loop", lambda p: p in looping), ("no_loop", lambda p: p not in looping)):
-        mine = [(p, s) for p, s in runs if keep(p)]
+        mine = [(p, s) for p, s in runs[c] if keep(p)]
         theirs = [(p, s) for p, s in base or [] if keep(p)]
         tps = _tokens_per_s(mine) if mine else None
         ref = _tokens_per_s(theirs) if theirs else None
@@ -196,7 +195,8 @@ def _summary(c: Config, runs: list, cost: CostModel, baseline: float | None,
     own_speedup = tps / own_baseline if own_baseline else None
     return {
         "config": c.name, "k": c.k, "mode": c.mode, "threads": f"{c.threads[0]}:{c.threads[1]}",
-        "source": c.source if c.k != 0 else None, "tokens_per_s": tps, "ms_per_token": 1e3 / tps if tps else None, "speedup": speedup,
+        "source": c.source if c.k != 0 else None, "tokens_per_s": tps,
+        "ms_per_token": 1e3 / tps if tps else None, "speedup": speedup,
         "acceptance_rate": accepted / drafted if drafted else 0.0, "alpha": alpha,
         # per source (docs/design.md §6.1): the share of drafts found by lookup, and each
         # source's acceptance rate (None where it drafted nothing)
@@ -382,7 +382,8 @@ def _configs(args) -> list[Config]:
 
 def format_table(report: dict) -> str:
     head = (f"{'config':<40} {'tok/s':>8} {'x k=0':>6} {'alpha':>6} {'k':>4} {'acc/rd':>6} "
-            f"{'lk%':>4} {'a.lk':>5} {'a.md':>5} {'bound':>6} {'eff':>5} {'draft':>7} {'verify':>7} {'host':>6} {'host%':>6}")
+            f"{'lk%':>4} {'a.lk':>5} {'a.md':>5} {'bound':>6} {'eff':>5} {'draft':>7} "
+            f"{'verify':>7} {'host':>6} {'host%':>6}")
     lines = [f"backend: {report.get('backend_reason') or report.get('backend', '?')}", head,
              "-" * len(head)]
     for r in report["results"]:

@@ -136,8 +136,12 @@ class Manifest:
     def cpu_only(self) -> str:
         """Why the bundle runs on ONNX Runtime's CPU kernels only (no TensorRT engines, no ORT
         CUDA), or "" when it does not."""
-        why = [f"the {role} is {entry.cpu_only}" for role, entry in
-               (("target", self.target), ("draft", self.draft)) if entry.cpu_only]
+        return self.cpu_only_of(("target", "draft"))
+
+    def cpu_only_of(self, roles: tuple[str, ...]) -> str:
+        """cpu_only for these models alone (("target",): a CPU draft beside a GPU target)."""
+        why = [f"the {role} is {getattr(self, role).cpu_only}" for role in roles
+               if getattr(self, role).cpu_only]
         return f"{' and '.join(why)}, built for ONNX Runtime's CPU kernels" if why else ""
 
     def to_dict(self) -> dict[str, Any]:

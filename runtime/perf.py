@@ -85,6 +85,11 @@ def _rising(verify: Sequence[float]) -> tuple[float, ...]:
     return tuple(float(v) for v in np.maximum.accumulate(verify))
 
 
+def _clipped(ratio: float) -> float:
+    """A round counts at most 25% over or 20% under what was expected of it (RoundTimes)."""
+    return min(max(ratio, 0.8), 1.25)
+
+
 def expected_tokens(alpha: float, k: int) -> float:
     """Tokens one round emits on average: 1 + α + … + α^k."""
     if alpha >= 1.0:
@@ -152,8 +157,7 @@ class FixedK:
 
     def take_lookup(self, matched: int, found: int, k: int) -> int:
         if self.model and self.learnt is not None and self.lookup is not None \
-                and self.lookup.chance_in(matched, 0) < self.learnt.alpha:
-            self.lookup.forget()
+                and not lookup_beats(self.lookup, self.learnt, matched):
             return 0
         self._taken, self._matched = min(found, k), matched
         return self._taken
@@ -169,11 +173,19 @@ class FixedK:
     def observe(self, drafted: int, accepted: int, seconds: float | None = None) -> None:
         taken = self._taken
         if taken and self.lookup is not None:
-            self.lookup.observe_in(taken, min(accepted, taken),
-                                   [self._matched] * min(accepted + 1, taken))
-            self.lookup.misses = 0 if accepted else self.lookup.misses + 1
+            self.lookup.observe_run(taken, accepted, self._matched)
         if self.learnt is not None and drafted > taken and accepted >= taken:
             self.learnt.observe(drafted - taken, accepted - taken)
+
+
+def lookup_beats(lookup: Acceptance, model: Acceptance, matched: int) -> bool:
+    """A fixed k's choice of source (FixedK, a batch's slot): a continuation found on an n-gram
+    of `matched` tokens is drafted where its first token is at least as likely to pass as a
+    model token; declined, what was learnt of lookup ages (Acceptance.forget)."""
+    if lookup.chance_in(matched, 0) >= model.alpha:
+        return True
+    lookup.forget()
+    return False
 
 
 _BINS = 10                        # tenths of the draft's top probability
@@ -288,6 +300,13 @@ class Acceptance:
                 hits[b] += weight
                 place_hits[b][p] += weight
 
+    def observe_run(self, drafted: int, accepted: int, b: int) -> None:
+        """A run of `drafted` tokens of one class b (a lookup continuation, b its n-gram's
+        length) of which the first `accepted` passed; a run with none accepted is a miss
+        (`forget` slows down after misses)."""
+        self.observe_in(drafted, min(accepted, drafted), [b] * min(accepted + 1, drafted))
+        self.misses = 0 if accepted else self.misses + 1
+
     def forget(self) -> None:
         """A round in which this source could have drafted and was not asked to: α drifts
         back towards the prior and the tenths' counts age, so that a source judged poor is
@@ -350,16 +369,14 @@ class RoundTimes:
     def observe_pace(self, expected: float, seconds: float) -> None:
         """A round of another shape (lookup tokens: docs/design.md §6.1) that was expected to
         take `expected` seconds at pace 1 moves the pace only."""
-        paced = seconds / (expected * self.pace)
-        self.pace *= min(max(paced, 0.8), 1.25) ** self.pace_weight
+        self.pace *= _clipped(seconds / (expected * self.pace)) ** self.pace_weight
 
     def observe(self, drafted: int, seconds: float) -> None:
         if drafted >= len(self.calibrated):
             return
-        paced = seconds / (self.calibrated[drafted] * self.pace)
-        shaped = paced / self.correction[drafted]
-        self.pace *= min(max(paced, 0.8), 1.25) ** self.pace_weight
-        self.correction[drafted] *= min(max(shaped, 0.8), 1.25) ** self.shape_weight
+        shaped = seconds / (self.calibrated[drafted] * self.pace * self.correction[drafted])
+        self.observe_pace(self.calibrated[drafted], seconds)
+        self.correction[drafted] *= _clipped(shaped) ** self.shape_weight
 
 
 @dataclass
@@ -536,9 +553,7 @@ class AdaptiveK:
             if seconds is not None:
                 self.times.observe(drafted, seconds)
             return
-        judged = min(accepted + 1, taken)
-        self.lookup.observe_in(taken, min(accepted, taken), [self._matched] * judged)
-        self.lookup.misses = 0 if accepted else self.lookup.misses + 1
+        self.lookup.observe_run(taken, accepted, self._matched)
         model = drafted - taken
         if model and accepted >= taken:       # the model's tokens were judged too
             self.learnt.observe_in(model, accepted - taken,

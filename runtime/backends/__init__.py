@@ -111,10 +111,7 @@ def probe(manifest: Manifest, requested: str, target_only: bool = False) -> Fact
     import onnxruntime as ort
 
     providers = tuple(ort.get_available_providers())
-    cpu_only = manifest.cpu_only
-    if target_only:
-        why = manifest.target.cpu_only
-        cpu_only = f"the target is {why}, built for ONNX Runtime's CPU kernels" if why else ""
+    cpu_only = manifest.cpu_only_of(("target",) if target_only else ("target", "draft"))
     if requested not in ("auto", "trt") or cpu_only:
         return Facts(ort_providers=providers, engines=tuple(manifest.engines), cpu_only=cpu_only)
     from .trt import probe_tensorrt
