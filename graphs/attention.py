@@ -3,7 +3,9 @@
 Projections (separate or fused in either layout), optional q/k norms, RoPE,
 grouped-query attention against the sequence-major past (B, P, Hkv, D), score
 soft-capping, ALiBi bias and the causal / sliding-window mask. Rows of a batch may have
-different past lengths (key_positions: each row's own is position_ids[b, 0]).
+different past lengths (key_positions: each row's own is position_ids[b, 0]). The static
+flavour instead writes the new rows into the whole head-major cache (B, Hkv, R, D) at their
+positions and attends over all of it (cache_positions, scatter_rows).
 """
 from __future__ import annotations
 
@@ -51,6 +53,29 @@ def key_positions(position_ids: torch.Tensor, past_len) -> tuple[torch.Tensor, t
     return key_pos, valid
 
 
+def cache_positions(position_ids: torch.Tensor, rows) -> tuple[torch.Tensor, torch.Tensor]:
+    """The static flavour's key positions and validity, both (B, R): key j is the cache's row
+    j, which holds the token at position j once the call's new rows are written there, so
+    every row is a key and causality alone hides what lies beyond a query (stale rows, other
+    rows' padding, zeros).
+
+        key index   0 ..... p_b-1 | p_b ..... p_b+T-1 | p_b+T ..... R-1
+        holds       the past      | this call's rows   | (stale: after every query)
+    """
+    B = position_ids.shape[0]
+    key_pos = torch.arange(rows, device=position_ids.device)[None, :].expand(B, -1)
+    return key_pos, torch.ones_like(key_pos, dtype=torch.bool)
+
+
+def scatter_rows(cache: torch.Tensor, new: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """cache (B, Hkv, R, D) with new (B, T, Hkv, D) written at rows positions (B, T) of each
+    head: one ScatterND, whose output the runtime binds over the cache itself (in place)."""
+    B, _, Hkv, _ = new.shape
+    b = torch.arange(B, device=new.device)[:, None, None]
+    h = torch.arange(Hkv, device=new.device)[None, :, None]
+    return cache.index_put((b, h, positions[:, None, :]), new.transpose(1, 2))
+
+
 def causal_mask(query_pos: torch.Tensor, key_pos: torch.Tensor, key_valid: torch.Tensor,
                 window: int | None) -> torch.Tensor:
     """Additive mask (B, 1, 1, T, S) from query positions (B, T) and key positions and
@@ -73,12 +98,16 @@ def causal_mask(query_pos: torch.Tensor, key_pos: torch.Tensor, key_valid: torch
 def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torch.Tensor,
               rope: Rope | None, cos_sin: tuple[torch.Tensor, ...] | None,
               past_k: torch.Tensor, past_v: torch.Tensor, bias: torch.Tensor | None,
-              ort: OrtAttention | None = None, q_scale: torch.Tensor | None = None
+              ort: OrtAttention | None = None, q_scale: torch.Tensor | None = None,
+              scatter_at: torch.Tensor | None = None
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """h (B, T, E) -> (output (B, T, E), new keys, new values (B, T, Hkv, D)).
 
     `bias` is the mask (plus ALiBi) broadcastable to the scores (B, Hkv, G, T, S); `q_scale`
-    (B, T, 1, 1) a per-position factor on the rotated queries.
+    (B, T, 1, 1) a per-position factor on the rotated queries. `scatter_at` (the static
+    flavour: positions (B, T)): the past is the whole head-major cache (B, Hkv, R, D), the new
+    rows are written into it there, attention reads all R rows, and the updated caches are
+    returned in place of the new rows.
 
         h ─ proj ─┬─ q ─ q_norm ─ rope ─ [q_scale] ─┐
                   ├─ k ─ k_norm ─ rope ─ cat(past) ─ softmax(q·kᵀ·s [capped] + bias) · v ─ o
@@ -111,10 +140,17 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
         q = q * q_scale
     if ort is not None:                                             # the `ort` flavour
         return _ort_attention(attn, a, heads, scaling, h, q, k, v, past_k, past_v, ort)
-    keys = torch.cat((past_k, k), dim=1)                            # (B, S, Hkv, D)
-    values = torch.cat((past_v, v), dim=1)
+    if scatter_at is not None:                                      # the static flavour
+        keys = scatter_rows(past_k, k, scatter_at)                  # (B, Hkv, S, D)
+        values = scatter_rows(past_v, v, scatter_at)
+        kt = keys.transpose(2, 3)[:, :, None]                       # (B, Hkv, 1, D, S)
+        vs = values[:, :, None]                                     # (B, Hkv, 1, S, D)
+    else:
+        keys = torch.cat((past_k, k), dim=1)                        # (B, S, Hkv, D)
+        values = torch.cat((past_v, v), dim=1)
+        kt = keys.permute(0, 2, 3, 1)[:, :, None]                   # (B, Hkv, 1, D, S)
+        vs = values.permute(0, 2, 1, 3)[:, :, None]                 # (B, Hkv, 1, S, D)
     qg = q.view(B, T, Hkv, G, D).permute(0, 2, 3, 1, 4)             # (B, Hkv, G, T, D)
-    kt = keys.permute(0, 2, 3, 1)[:, :, None]                       # (B, Hkv, 1, D, S)
     if a.scores_fp32:                                               # before the product
         qg, kt = qg.float(), kt.float()
     scores = torch.matmul(qg, kt).float() * scaling                 # (B, Hkv, G, T, S)
@@ -123,9 +159,10 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
     sinks = None if a.attn_sinks is None else \
         getattr(attn, a.attn_sinks).float().view(1, Hkv, G, 1, 1)
     probs = softmax_with_sinks(scores + bias, sinks).to(h.dtype)
-    vs = values.permute(0, 2, 1, 3)[:, :, None]                     # (B, Hkv, 1, S, D)
     out = torch.matmul(probs, vs)                                   # (B, Hkv, G, T, D)
     out = out.permute(0, 3, 1, 2, 4).reshape(B, T, Hkv * G * D)
+    if scatter_at is not None:
+        return _output(attn, a, out), keys, values
     return _output(attn, a, out), k, v
 
 

@@ -29,7 +29,8 @@ from ssd_runtime.errors import ConfigError
 from torch import nn
 
 from .adapters import Adapter, get_path, sliding_windows
-from .attention import Heads, OrtAttention, attention, causal_mask, key_positions
+from .attention import (Heads, OrtAttention, attention, cache_positions, causal_mask,
+                        key_positions)
 from .moe import check_moe, cost_note, kernel_refusal, kernel_weights, moe, moe_block
 from .positions import Rope, alibi_bias, alibi_slopes, log_position_scale
 
@@ -95,8 +96,11 @@ class Decoder(nn.Module):
         if self.flavour == contract.ORT:
             return self._forward_ort(x, position_ids, past)
         tables = {key: rope.tables(position_ids, x.dtype) for key, rope in self.ropes.items()}
-        # each row's own past length is position_ids[b, 0]; rows past it are stale
-        key_pos, key_valid = key_positions(position_ids, past[0].shape[1])        # (B, S)
+        static = self.flavour == contract.STATIC
+        if static:      # keys at their rows of the whole cache; beyond a query: not yet valid
+            key_pos, key_valid = cache_positions(position_ids, past[0].shape[2])  # (B, R)
+        else:           # each row's own past length is position_ids[b, 0]; rows past it stale
+            key_pos, key_valid = key_positions(position_ids, past[0].shape[1])    # (B, S)
         masks = {w: causal_mask(position_ids, key_pos, key_valid, w)              # (B,1,1,T,S)
                  for w in set(self.windows)}
         alibi = None
@@ -112,7 +116,8 @@ class Decoder(nn.Module):
                 bias = bias + (alibi * self.scalings[i] if a.alibi_scaled else alibi)
             x, new_k, new_v = self._layer(i, x, self._rope(i), tables.get(self.rope_keys[i]),
                                           past[2 * i], past[2 * i + 1], self.scalings[i], bias,
-                                          q_scale=q_scale)
+                                          q_scale=q_scale,
+                                          scatter_at=position_ids if static else None)
             outputs += [new_k, new_v]
         return (self._head(x), *outputs)
 
@@ -223,7 +228,7 @@ class Decoder(nn.Module):
     def _layer(self, i: int, x: torch.Tensor, rope: Rope | None, cos_sin,
                past_k: torch.Tensor, past_v: torch.Tensor, scaling: float,
                bias: torch.Tensor | None, ort: OrtAttention | None = None,
-               q_scale: torch.Tensor | None = None):
+               q_scale: torch.Tensor | None = None, scatter_at: torch.Tensor | None = None):
         """One block: pre- or post-norm, sequential or parallel residual.
 
             sequential pre:  x += s·attn(norm(x));  x += s·mlp(mlp_norm(x))
@@ -240,7 +245,8 @@ class Decoder(nn.Module):
         mlp_norm = getattr(layer, a.mlp_norm) if a.mlp_norm is not None else None
         h = x if post else norm(x)
         attn_out, new_k, new_v = attention(get_path(layer, a.attn), a, self.heads, scaling, h,
-                                           rope, cos_sin, past_k, past_v, bias, ort, q_scale)
+                                           rope, cos_sin, past_k, past_v, bias, ort, q_scale,
+                                           scatter_at)
         if a.attn_out_norm is not None:
             attn_out = getattr(layer, a.attn_out_norm)(attn_out)
         if a.residual == "parallel":

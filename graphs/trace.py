@@ -2,7 +2,7 @@
 
 `export_decoder` wraps the model in `Decoder` and calls
 `torch.onnx.export(dynamo=True)` with dynamic batch, new_len and past_len (or, for the
-"ort" flavour, cache rows), in either graph flavour of contract.py.
+"ort" and "static" flavours, cache rows), in any graph flavour of contract.py.
 """
 from __future__ import annotations
 
@@ -50,12 +50,14 @@ def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context:
     pos = torch.arange(past_len, past_len + new_len).repeat(batch, 1)
     B = torch.export.Dim("batch", min=1, max=64)
     T = torch.export.Dim("new_len", min=1, max=max_context)
-    if graph == contract.ORT:           # whole head-major caches (B, Hkv, rows, D), rows >= total
-        from .ort_ops import translation_table
-
+    if contract.in_place(graph):        # whole head-major caches (B, Hkv, rows, D), rows >= total
         kv_shape = (batch, decoder.num_kv_heads, past_len + new_len + 2, decoder.head_dim)
         kv_dims = {0: B, 2: torch.export.Dim("cache_rows", min=2, max=max_context)}
-        extra = {"custom_translation_table": translation_table()}
+        extra = {}
+        if graph == contract.ORT:
+            from .ort_ops import translation_table
+
+            extra = {"custom_translation_table": translation_table()}
     else:                               # the past only (B, P, Hkv, D)
         kv_shape = (batch, past_len, decoder.num_kv_heads, decoder.head_dim)
         kv_dims = {0: B, 1: torch.export.Dim("past_len", min=0, max=max_context)}

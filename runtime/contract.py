@@ -13,9 +13,21 @@ PREFILL_CHUNK = 256
 # new rows (B, new_len, Hkv, D) out: runs everywhere, TensorRT included. "ort": ONNX Runtime's
 # GroupQueryAttention contrib op over one head-major cache per layer (B, Hkv, max_context, D)
 # bound as both `past_*` and `present_*`; the op writes the new rows in place at row past_len.
-# CPU provider only. Both read the same input_ids / position_ids and give the same logits.
-STANDARD, ORT = "standard", "ort"
-GRAPHS = (STANDARD, ORT)
+# CPU provider only. "static": plain ONNX over the same head-major caches as "ort", bound in
+# place: each row's new keys/values are scattered (ScatterND) into its cache at its positions,
+# then attention reads the whole cache, masked by position, so a call's shapes depend only on
+# (B, new_len) and its addresses never move (what CUDA graphs capture), and rows of several new
+# tokens batch (GroupQueryAttention refuses that). Any ONNX Runtime provider; not TensorRT,
+# which does not alias an input and an output. All read the same input_ids / position_ids and
+# give the same logits. docs/design.md §2.
+STANDARD, ORT, STATIC = "standard", "ort", "static"
+GRAPHS = (STANDARD, ORT, STATIC)
+
+
+def in_place(graph: str) -> bool:
+    """Whether the graph's caches are whole head-major buffers (B, Hkv, max_context, D) bound
+    as both past_* and present_* (the ort and static flavours)."""
+    return graph in (ORT, STATIC)
 # Weights: "none" (as exported), or weight-only quantized MatMuls ("int8", "int4": ONNX
 # Runtime's MatMulNBits contrib op, CPU provider only). Only the draft is ever quantized: it
 # changes how many draft tokens are accepted, never the output.
@@ -108,7 +120,7 @@ def present_value(i: int) -> str:
 
 def kv_output_names(i: int, graph: str = STANDARD) -> tuple[str, str]:
     """Layer i's key and value outputs in that graph flavour."""
-    return (present_key(i), present_value(i)) if graph == ORT else (new_key(i), new_value(i))
+    return (present_key(i), present_value(i)) if in_place(graph) else (new_key(i), new_value(i))
 
 
 def input_names(num_layers: int) -> list[str]:

@@ -44,8 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--graph", choices=get_args(Graph), default="auto",
                    help="graph flavour: standard ONNX runs on every backend (TensorRT, ORT CUDA, "
                         "ORT CPU); ort uses ONNX Runtime's GroupQueryAttention kernel with the KV "
-                        "cache updated in place, faster on ORT CPU and CPU-only; auto (default) "
-                        "is ort unless TensorRT engines are built or onnxruntime has CUDA here")
+                        "cache updated in place, faster on ORT CPU and CPU-only; static is "
+                        "standard ONNX over whole caches written in place (ScatterND): fixed "
+                        "shapes per batch and new tokens, batches of several new tokens per row, "
+                        "any ONNX Runtime provider, not TensorRT; auto (default) is ort unless "
+                        "TensorRT engines are built or onnxruntime has CUDA here")
     p.add_argument("--draft-quant", choices=get_args(Quant), default="auto",
                    help="the draft's weights: int8/int4 weight-only quantization (ONNX Runtime "
                         "MatMulNBits, CPU-only) makes its steps cheaper and never changes the "

@@ -10,7 +10,7 @@ from ssd_runtime.errors import ConfigError
 
 DType = Literal["float32", "float16"]
 Engines = Literal["trt", "none", "auto"]       # auto: build when TensorRT and a GPU are here
-Graph = Literal["auto", "standard", "ort"]     # auto: "ort" unless the bundle is for a GPU
+Graph = Literal["auto", "standard", "ort", "static"]   # auto: "ort" unless the bundle is for a GPU
 Quant = Literal["auto", "none", "int8", "int4"]   # the draft's weights; auto: int8 on a CPU bundle
                                                   # or the target's kind when it is quantized
 TargetQuant = Literal["none", "int8", "int4", "auto"]   # auto: int4, else int8, by agreement

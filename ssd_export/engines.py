@@ -69,6 +69,11 @@ def export_engines(root: Path, manifest: Manifest, mode: Engines, precision: str
         log.print(f"    engines: none: {manifest.cpu_only}; export with --graph standard "
                   f"--draft-quant none for TensorRT")
         return []
+    if contract.STATIC in (manifest.target.graph, manifest.draft.graph):
+        log.print("    engines: none: the static flavour binds each cache as both an input and "
+                  "an output, which TensorRT does not allow; export with --graph standard for "
+                  "TensorRT")
+        return []
     with log.stage("TensorRT lint of the graphs"):
         blocking = lint_bundle(root, manifest, log.print)
     version, gpu, problem = probe_tensorrt() if mode != "none" else (None, None, "")

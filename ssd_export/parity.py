@@ -35,7 +35,8 @@ def check_parity(model: Any, onnx_path: Path, role: str, max_draft: int, dtype: 
                  session_config: dict[str, str] | None = None) -> dict[str, float]:
     """Return the max abs differences per output; raise ParityError past tolerance.
 
-    The "ort" flavour runs as the runtime runs it: caches bound as both past and present.
+    The "ort" and "static" flavours run as the runtime runs them: caches bound as both past
+    and present.
     `session_config`: ONNX Runtime session config entries for the check's session.
     """
     import onnxruntime as ort
@@ -69,7 +70,7 @@ def check_parity(model: Any, onnx_path: Path, role: str, max_draft: int, dtype: 
     worst: dict[str, float] = {"logits": 0.0, "new_key": 0.0, "new_value": 0.0}
     abs_tol, rel_tol = _TOLERANCE[dtype]
     for past_len, new_len in cases:
-        if graph == contract.ORT:
+        if contract.in_place(graph):
             logits, kv = _run_in_place(session, ids, past_len, new_len, n_layers, dtype, total)
         else:
             past = _run(session, ids[:, :past_len], 0, None, n_layers, dtype)[1] \
@@ -101,7 +102,7 @@ def check_parity(model: Any, onnx_path: Path, role: str, max_draft: int, dtype: 
 def run_whole(session, ids: np.ndarray, graph: str, dtype: str) -> np.ndarray:
     """Logits (1, S, V) of the graph over `ids` from an empty cache, as float32."""
     n_layers = _layers(session)
-    if graph == contract.ORT:
+    if contract.in_place(graph):
         return _run_in_place(session, ids, 0, ids.shape[1], n_layers, dtype, ids.shape[1])[0]
     return _run(session, ids, 0, None, n_layers, dtype)[0]
 
@@ -128,7 +129,7 @@ def _run(session, ids: np.ndarray, past_len: int, past: list[np.ndarray] | None,
 
 def _run_in_place(session, ids: np.ndarray, past_len: int, new_len: int, n_layers: int,
                   dtype: str, rows: int) -> tuple[np.ndarray, list[np.ndarray]]:
-    """The "ort" flavour: prefill ids[:past_len], then run the next new_len ids, each call with
+    """The "ort" and "static" flavours: prefill ids[:past_len], then run the next new_len ids, each call with
     every layer's (1, Hkv, rows, D) cache bound as past and present. Returns the second call's
     logits and its new rows as (1, new_len, Hkv, D), like the standard graph's outputs."""
     kv_dtype = np.float16 if dtype == "float16" else np.float32

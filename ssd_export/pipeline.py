@@ -52,6 +52,10 @@ def export_bundle(config: ExportConfig) -> Manifest:
         if config.graph == contract.ORT:
             raise ConfigError("--graph ort cannot go with --engines trt: TensorRT takes only "
                               "standard ONNX. ---> HINT: drop --graph (or use --graph standard).")
+        if config.graph == contract.STATIC:
+            raise ConfigError("--graph static cannot go with --engines trt: its caches are bound "
+                              "as both an input and an output of one call, which TensorRT does "
+                              "not allow. ---> HINT: drop --graph (or use --graph standard).")
         if config.quant == "int8":
             raise ConfigError("--quant int8 cannot go with --engines trt: TensorRT 10 "
                               "quantizes weights alone (weight-only) in INT4 only; INT8 there "
@@ -98,7 +102,7 @@ def export_bundle(config: ExportConfig) -> Manifest:
         for loaded in (target, draft):
             traced[loaded.role], parity[loaded.role] = _trace_checked(
                 loaded, root / loaded.role / "model.onnx", max_context, config, graph, log)
-        if traced["draft"].graph == contract.ORT:        # CPU bundles: the loop reads these
+        if contract.in_place(traced["draft"].graph):     # the loop reads these (§2)
             append_tops(traced["draft"].path)
             traced["draft"] = replace(traced["draft"], tops=True)
         target_quant, scheme, quality, quant_parity = quantize_target(

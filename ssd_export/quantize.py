@@ -163,7 +163,7 @@ def choose_quant(requested: str, draft_graph: str, follow: str = contract.NO_QUA
     if follow in BITS:
         return follow, "following the target's quantization (--quant)"
     if draft_graph != contract.ORT:
-        return contract.NO_QUANT, "a standard graph, kept free of ONNX Runtime's CPU-only kernels"
+        return contract.NO_QUANT, f"a {draft_graph} graph, kept free of ONNX Runtime's CPU-only kernels"
     if contract.version_tuple(version) < contract.QUANT_MIN["int8"]:
         return contract.NO_QUANT, f"onnxruntime {version} has no 8-bit MatMulNBits kernel"
     return "int8", "a CPU bundle: the draft's weights are most of its step"

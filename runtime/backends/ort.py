@@ -129,7 +129,7 @@ class OrtCpuSession:
             else _binders(self.binding, "cpu", 0))
         # what the decode loop binds on every call, worked out once: graph names and arena
         # addresses per layer (the arenas never move), and the ids/positions/logits addresses
-        self.in_place = entry.graph == contract.ORT
+        self.in_place = contract.in_place(entry.graph)
         self.layers = [(contract.past_key(i), contract.past_value(i),
                         *contract.kv_output_names(i, entry.graph), *self._kv_ptrs(i))
                        for i in range(entry.num_layers)]
@@ -168,9 +168,10 @@ class OrtCpuSession:
 
     @property
     def arena_shape(self) -> tuple[int, int, int, int]:
-        """(slots, Hkv, max_context, D) in the ort flavour, else (slots, max_context, Hkv, D)."""
+        """(slots, Hkv, max_context, D) in the ort and static flavours, else (slots,
+        max_context, Hkv, D)."""
         e = self.entry
-        if e.graph == contract.ORT:
+        if contract.in_place(e.graph):
             return (self.max_batch, e.num_kv_heads, self.max_context, e.head_dim)
         return (self.max_batch, self.max_context, e.num_kv_heads, e.head_dim)
 
@@ -217,7 +218,7 @@ class OrtCpuSession:
             raise BackendError(f"{self.name}: positions up to {int(past_lens.max()) + T} exceed "
                                f"the bundle's max_context {self.max_context}.")
         e, width = self.entry, B * T
-        if self.in_place and T > 1:
+        if T > 1 and not self.batches_new_tokens:
             return self._rows_one_by_one(token_ids, past_lens, real)
         ids = self.ids[0, :width].reshape(B, T)
         positions = self.positions[0, :width].reshape(B, T)
@@ -243,8 +244,8 @@ class OrtCpuSession:
         """Whether one call may carry several rows of several new tokens each. ONNX Runtime's
         GroupQueryAttention (the ort flavour) refuses it: "batch_size must be 1 when
         sequence_length > 1 and past context is given" (1.32), so forward_rows runs such
-        calls one row at a time."""
-        return not self.in_place
+        calls one row at a time. The standard and static flavours take them."""
+        return self.entry.graph != contract.ORT
 
     def _rows_one_by_one(self, token_ids: np.ndarray, past_lens: np.ndarray,
                          real: np.ndarray | None) -> np.ndarray:

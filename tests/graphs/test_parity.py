@@ -166,6 +166,24 @@ def test_ort_flavour_parity_with_hugging_face(exported, exported_ort, name):
     assert diffs["new_key"] < 1e-3 and diffs["new_value"] < 1e-3, diffs
 
 
+# the static flavour (caches written in place by ScatterND, attention masked by position) on
+# one case of each attention feature: GQA, windows + soft-capping, ALiBi (bfloat16 and the
+# model's dtype), learned positions, MLA, sinks, q/k norms, MoE, partial rotary
+STATIC_CASES = ["llama", "gemma2", "falcon_alibi", "bloom", "gpt2", "deepseek_v3", "gpt_oss",
+                "qwen3", "mixtral", "phi", "cohere2"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", STATIC_CASES)
+def test_static_flavour_parity_with_hugging_face(exported, tmp_path, name):
+    model, _, max_context = exported[name]
+    traced = export_decoder(model, name, tmp_path / "model.onnx", max_context, graph="static")
+    diffs = check_parity(model, traced.path, "target", max_draft=8, dtype="float32",
+                         max_context=max_context, graph="static")
+    assert diffs["logits"] < 1e-3, diffs
+    assert diffs["new_key"] < 1e-3 and diffs["new_value"] < 1e-3, diffs
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(NO_ORT))
 def test_ort_flavour_refuses_alibi_naming_the_fix(exported, tmp_path, name):

@@ -18,13 +18,17 @@ from test_lossless import prompt_ids
 from test_sampling import PROMPT, SETTINGS, chi_square_p, exact_joint, first_two
 
 NEW = 24
-# (target, draft, graph): the default flavour ("ort" where it fits; ALiBi stays standard) and
-# the standard one that GPU bundles carry; sliding windows, learned positions, full acceptance
+# (target, draft, graph): the default flavour ("ort" where it fits; ALiBi stays standard),
+# the standard one that GPU bundles carry and the static one (whole caches written in place,
+# several new tokens per row in one call); sliding windows, learned positions, ALiBi, full
+# acceptance
 PAIRS = [("llama", "llama_cut", "auto"), ("llama", "llama", "auto"),
          ("mistral", "mistral_cut", "auto"), ("qwen2", "qwen2_cut", "auto"),
          ("falcon_alibi", "falcon_alibi_cut", "auto"),
          ("llama", "llama_cut", "standard"), ("mistral", "mistral_cut", "standard"),
-         ("gpt2", "opt_cut", "standard")]
+         ("gpt2", "opt_cut", "standard"),
+         ("llama", "llama_cut", "static"), ("mistral", "mistral_cut", "static"),
+         ("falcon_alibi", "falcon_alibi_cut", "static"), ("gpt2", "opt_cut", "static")]
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +62,8 @@ def batch_prompts() -> list[dict]:
 
 # the fast subset (-m "not slow") keeps one pair per flavour
 RUNS = [pytest.param(*p, marks=() if p in (("llama", "llama_cut", "auto"),
-                                           ("llama", "llama_cut", "standard"))
+                                           ("llama", "llama_cut", "standard"),
+                                           ("llama", "llama_cut", "static"))
                      else pytest.mark.slow) for p in PAIRS]
 
 
@@ -84,7 +89,7 @@ def test_batch_equals_each_sequence_alone(bundle_factory, hf_reference, target, 
             assert sum(r.stats.accepted for r in batch) > 0
 
 
-@pytest.mark.parametrize("graph", ["auto", "standard"])
+@pytest.mark.parametrize("graph", ["auto", "standard", "static"])
 def test_a_sequence_reaching_the_context_end_leaves_the_others_right(bundle_factory, graph):
     gen = Generator.load(bundle_factory("llama", "llama_cut", max_context=64, graph=graph),
                          max_batch=3, threads=1)
