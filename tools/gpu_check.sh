@@ -195,6 +195,43 @@ print(f"cuda int4: {same}/{len(expected)} streams equal to cpu's; k=auto equals 
 sys.exit(0 if own == len(prompts) else 1)
 EOF
 
+section "static flavour on cuda: tokens against cpu, and a batch (issues 22, 24)"
+SBUNDLE="$WORK/bundle-static"
+step 150 "ssd-export --graph static --engines none" "$PY" -m ssd_export.cli \
+  --target "$PAIR/target" --draft "$PAIR/draft" --output "$SBUNDLE" --max-context "$MAX_CONTEXT" \
+  --graph static --engines none --max-batch 8 --force
+step 120 "static: cuda against cpu, batched against alone" "$PY" - "$SBUNDLE" <<'EOF'
+import sys, time
+from ssd_runtime import Generator
+from ssd_runtime.errors import SsdError
+bundle = sys.argv[1]
+prompts = ["def read_config(path):", "import os\n", "class Stack:\n    def push(self, item):",
+           "for i in range(10):", "x = [1, 2, 3]\n", "def main():", "# parse the file\n", "y ="]
+cpu = Generator.load(bundle, backend="cpu")
+expected = [cpu.generate(p, max_new_tokens=48, k=0).token_ids for p in prompts]
+try:
+    gen = Generator.load(bundle, backend="cuda", max_batch=8)
+except SsdError as exc:
+    sys.exit(f"cuda: not available: {exc}")
+alone = [gen.generate(p, max_new_tokens=48, k=k).token_ids for p in prompts for k in (0, 4)]
+same = sum(ids == expected[i // 2] for i, ids in enumerate(alone))
+print(f"cuda static: {same}/{len(alone)} streams (k=0, 4) equal to cpu's k=0  [{gen.backend_reason}]")
+t = time.perf_counter()
+for p in prompts:
+    gen.generate(p, max_new_tokens=48, k=0)
+one = time.perf_counter() - t
+ok = same == len(alone)
+for k in (0, 4, "auto"):
+    t = time.perf_counter()
+    batch = gen.generate_batch(prompts, max_new_tokens=48, k=k)
+    took = time.perf_counter() - t
+    equal = sum(r.token_ids == ids for r, ids in zip(batch, expected))
+    ok &= equal == len(prompts)
+    print(f"cuda static batch of 8, k={k}: {equal}/8 equal to cpu's k=0; {took:.3f} s against "
+          f"{one:.3f} s one at a time at k=0")
+sys.exit(0 if ok else 1)
+EOF
+
 section "gpu tests"
 step 270 "pytest -m gpu" "$PY" -m pytest -q -p no:logging -m gpu tests/runtime/test_gpu.py -ra
 

@@ -66,18 +66,22 @@ def open_backend(root: Path, manifest: Manifest, backend: str = "auto",
     failures: list[str] = []
     for name in chosen_plan.attempts:
         try:
-            if max_batch > 1 and name != "cpu":
-                raise BackendError(f"backend {name!r} decodes one sequence at a time for now "
-                                   f"(max_batch={max_batch}); batches run on the cpu backend. "
-                                   f"---> HINT: use backend='cpu', or max_batch=1.")
+            if max_batch > 1 and name == "trt":
+                raise BackendError(f"backend 'trt' decodes one sequence at a time for now "
+                                   f"(max_batch={max_batch}): TensorRT cannot write a batch's new "
+                                   f"rows into the caches in place (design §11). ---> HINT: use "
+                                   f"backend='cuda' with a bundle exported with --graph static, "
+                                   f"backend='cpu', or max_batch=1.")
             if draft_backend not in (None, name, "cpu"):
                 raise BackendError(f"draft_backend {draft_backend!r} beside a {name!r} target: "
                                    f"only a CPU draft beside a GPU target is supported (the "
                                    f"draft's steps are the small, latency-bound ones). ---> "
                                    f"HINT: use draft_backend='cpu', or leave it unset.")
             if cpu_draft and name != "cpu":
-                target = _open_one(name, root, manifest, "target", placement[0], chosen_plan)
-                draft = _open_one("cpu", root, manifest, "draft", placement[1], chosen_plan)
+                target = _open_one(name, root, manifest, "target", placement[0], chosen_plan,
+                                   max_batch)
+                draft = _open_one("cpu", root, manifest, "draft", placement[1], chosen_plan,
+                                  max_batch)
             else:
                 target, draft = _OPENERS[name](root, manifest, placement, chosen_plan, mode,
                                                max_batch, recalibrate)
@@ -145,13 +149,13 @@ def _counts(counts, cores: int) -> tuple[int, int]:
     return target, draft
 
 
-def _open_cuda(root: Path, manifest: Manifest, placement, _: Plan, __: str, ___: int,
-               ____: bool):
+def _open_cuda(root: Path, manifest: Manifest, placement, _: Plan, __: str, max_batch: int,
+               ___: bool):
     from .ort_cuda import OrtCudaSession
 
     max_new = manifest.max_draft + 2
     return tuple(OrtCudaSession(name, root / entry.path, entry, manifest.max_context, max_new,
-                                n or 1)
+                                n or 1, max_batch=max_batch)
                  for name, entry, n in (("target", manifest.target, placement[0]),
                                         ("draft", manifest.draft, placement[1])))
 
@@ -176,18 +180,19 @@ _OPENERS = {"cpu": _open_cpu, "cuda": _open_cuda, "trt": _open_trt}
 
 
 def _open_one(kind: str, root: Path, manifest: Manifest, name: str, threads: int | None,
-              chosen: Plan) -> ModelSession:
+              chosen: Plan, max_batch: int = 1) -> ModelSession:
     """One model on one backend, for a placement that splits them (a CPU draft beside a GPU
     target: its threads, unless given, chosen by timing as a target's, all cores free)."""
     entry: ModelEntry = getattr(manifest, name)
     if kind == "cpu":
-        return _open(root, manifest, name, entry, threads, cores=cpu_cores())
+        return _open(root, manifest, name, entry, threads, cores=cpu_cores(),
+                     max_batch=max_batch)
     max_new = manifest.max_draft + 2
     if kind == "cuda":
         from .ort_cuda import OrtCudaSession
 
         return OrtCudaSession(name, root / entry.path, entry, manifest.max_context, max_new,
-                              threads or 1)
+                              threads or 1, max_batch=max_batch)
     from .trt import TrtSession
 
     assert chosen.engines is not None

@@ -209,8 +209,9 @@ class OrtCpuSession:
         real (the rest pad the row and their rows are not kept: default all). Returns the
         logits (B, T, vocab), valid until the next call."""
         B, T = token_ids.shape
-        if B == 1:
-            return self.forward(token_ids[0], int(past_lens[0]))[None]
+        if B == 1:        # as one sequence runs (host rows on a GPU backend: the batch decides
+            #               on the host, design §11)
+            return np.asarray(self.forward(token_ids[0], int(past_lens[0])))[None]
         if B > self.max_batch or T > self.max_new_len:
             raise BackendError(f"{self.name}: a batch of {B} rows of {T} tokens exceeds this "
                                f"session's {self.max_batch} slots of {self.max_new_len}.")
@@ -237,7 +238,12 @@ class OrtCpuSession:
         self._run_bound()
         if not self.in_place:
             self._keep_new_rows(B, T, past_lens, np.full(B, T) if real is None else real)
-        return self.logits[:width * e.vocab_size].reshape(B, T, e.vocab_size)
+        return self._rows_logits(B, T)
+
+    def _rows_logits(self, B: int, T: int) -> np.ndarray:
+        """forward_rows' logits (B, T, vocab) on the host, valid until the next call."""
+        V = self.entry.vocab_size
+        return self.logits[:B * T * V].reshape(B, T, V)
 
     @property
     def batches_new_tokens(self) -> bool:

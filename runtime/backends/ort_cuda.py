@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import contract
 from ..errors import BackendError
 from ..manifest import ModelEntry
 from .device import DeviceLogits
@@ -41,7 +42,7 @@ class OrtCudaSession(OrtCpuSession):
 
     def __init__(self, name: str, path: Path, entry: ModelEntry, max_context: int,
                  max_new_len: int, threads: int | None = None, device: str = "cuda",
-                 device_id: int = 0) -> None:
+                 device_id: int = 0, max_batch: int = 1) -> None:
         if device not in ("cuda", "cpu"):
             raise BackendError(f"{name}: device {device!r} is not 'cuda' or 'cpu'.")
         if device == "cuda" and entry.cpu_only:
@@ -49,7 +50,13 @@ class OrtCudaSession(OrtCpuSession):
                                f"({entry.cpu_only}) {GPU_BUNDLE_HINT}.")
         self.device, self.device_id = device, device_id
         self.backend = "cuda" if device == "cuda" else "cpu"
-        super().__init__(name, path, entry, max_context, max_new_len, threads)
+        if max_batch > 1 and entry.graph != contract.STATIC:
+            raise BackendError(f"backend 'cuda': a batch (max_batch={max_batch}) of the {name} "
+                               f"needs the static graph flavour, whose caches take each row's "
+                               f"new rows in place (a {entry.graph} graph's would need a copy "
+                               f"on the device). ---> HINT: re-export with ssd-export --graph "
+                               f"static, or use max_batch=1.")
+        super().__init__(name, path, entry, max_context, max_new_len, threads, max_batch)
 
     def _open(self, path: Path, threads: int | None):
         import onnxruntime as ort
@@ -84,8 +91,8 @@ class OrtCudaSession(OrtCpuSession):
                      for _ in range(e.num_layers)]
         self.values = [OrtValue.ortvalue_from_shape_and_type(shape, self.kv_dtype, *dev)
                        for _ in range(e.num_layers)]
-        self.logits = OrtValue.ortvalue_from_shape_and_type(          # (1, max_new_len, V)
-            (1, self.max_new_len, e.vocab_size), DTYPES[e.logits_dtype], *dev)
+        self.logits = OrtValue.ortvalue_from_shape_and_type(   # (max_batch, max_new_len, V)
+            (self.max_batch, self.max_new_len, e.vocab_size), DTYPES[e.logits_dtype], *dev)
 
     def _kv_ptrs(self, layer: int) -> tuple[int, int]:
         return self.keys[layer].data_ptr(), self.values[layer].data_ptr()
@@ -96,6 +103,11 @@ class OrtCudaSession(OrtCpuSession):
     def _logits_view(self, n: int) -> DeviceLogits:
         return DeviceLogits(self._logits_addr, n, self.entry.vocab_size, self.logits_dtype,
                             self.device, self._rows_to_host, self.device_id)
+
+    def _rows_logits(self, B: int, T: int) -> np.ndarray:
+        """A batch's logits (B, T, V) copied to the host (a batch decides there, design §11):
+        the bound output of this call's shape, not the whole buffer."""
+        return self.binding.get_outputs()[-1].numpy()
 
     def _rows_to_host(self, first: int, count: int) -> np.ndarray:
         # the last bound output is the logits OrtValue of this call's shape (1, n, V): copying

@@ -277,6 +277,38 @@ def test_generation_on_the_device_path_equals_the_cpu_backend(bundle_factory, sm
             assert device.generate(prompt, mode="split", **setting).token_ids == expected
 
 
+def test_batches_on_the_device_path_take_the_static_flavour(bundle_factory):
+    """The cuda backend batches static bundles (design §11): the device code path on host
+    memory gives each sequence of a batch its tokens alone, with several new tokens per row in
+    one call; a batch of a standard graph is refused, naming the fix."""
+    from test_batch import batch_prompts
+
+    bundle = bundle_factory("llama", "llama_cut", graph="static")
+    host = Generator.load(bundle, backend="cpu", threads=1)
+    device = Generator.load(bundle, backend="cpu", threads=1, max_batch=4, fused_heads=False)
+    m = device.manifest
+    device.target, device.draft = (
+        OrtCudaSession(name, device.root / entry.path, entry, m.max_context, m.max_draft + 2, 1,
+                       device="cpu", max_batch=4)
+        for name, entry in (("target", m.target), ("draft", m.draft)))
+    assert device.target.batches_new_tokens
+    prompts = batch_prompts()
+    alone = []
+    for p in prompts:
+        p = dict(p)
+        alone.append(host.generate(p.pop("prompt"), **{**p, "k": 0}).token_ids)
+    assert device.generate(prompts[0]["prompt"], max_new_tokens=24, k=3).token_ids == alone[0]
+    for k in (0, 3):
+        assert [r.token_ids for r in device.generate_batch(prompts, k=k)] == alone
+    standard = Generator.load(bundle_factory("llama", "llama_cut", graph="standard"),
+                              backend="cpu", threads=1)
+    e = standard.manifest.target
+    with pytest.raises(BackendError, match=r"needs the static graph flavour.*HINT: re-export "
+                                           r"with ssd-export --graph static"):
+        OrtCudaSession("target", standard.root / e.path, e, standard.manifest.max_context, 10, 1,
+                       device="cpu", max_batch=2)
+
+
 def test_cuda_errors_name_the_call_and_are_formatted_only_on_failure():
     """`_call` (every cuda-python call of the trt backend) on cuda-python's return shapes."""
     from types import SimpleNamespace
