@@ -164,6 +164,11 @@ def add_engines(root: Path, precision: str, version_compatible: bool, force: boo
         raise ConfigError(f"{root}: {manifest.cpu_only}; TensorRT takes only standard ONNX "
                           f"without quantized weights. ---> HINT: re-export with ssd-export "
                           f"--graph standard --draft-quant none (or --engines trt) for TensorRT.")
+    if contract.STATIC in (manifest.target.graph, manifest.draft.graph):
+        raise ConfigError(f"{root}: the static graph flavour binds each cache as both an input "
+                          f"and an output of one call, which TensorRT does not allow. ---> "
+                          f"HINT: re-export with ssd-export --graph standard for TensorRT, or "
+                          f"serve this bundle with --backend cuda.")
     found = require_tensorrt("ssd-build-engines", "---> HINT: run it on the machine with the "
                              "NVIDIA GPU, with TensorRT installed (pip install 'ssd-toolkit[trt]',"
                              " or JetPack 6.1+'s TensorRT and pip install 'cuda-python>=12.6,<13' on "

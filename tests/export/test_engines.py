@@ -305,6 +305,24 @@ def test_ort_flavour_and_tensorrt_refuse_each_other_naming_the_fix(models, bundl
     assert (ort_bundle / "manifest.json").read_bytes() == before
 
 
+def test_static_flavour_and_tensorrt_refuse_each_other_naming_the_fix(models, bundle_factory,
+                                                                      tmp_path):
+    out = tmp_path / "bundle"
+    proc = run("-m", "ssd_export.cli", "--target", str(models["llama"]), "--draft",
+               str(models["llama_cut"]), "--output", str(out), "--graph", "static",
+               "--engines", "trt")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "--graph static cannot go with --engines trt" in proc.stderr and not out.exists()
+    static = bundle_factory("llama", "llama_cut", graph="static")
+    manifest = json.loads((static / "manifest.json").read_text())
+    assert {m["graph"] for m in manifest["models"].values()} == {"static"}
+    assert manifest["engines"] == [] and "top_id" in manifest["models"]["draft"]["outputs"]
+    proc = run("-c", "import sys; from ssd_export.cli import build_engines_main; "
+                     "sys.exit(build_engines_main(sys.argv[1:]))", str(static))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "static graph flavour" in proc.stderr and "--graph standard" in proc.stderr
+
+
 @pytest.mark.slow
 def test_alibi_falls_back_to_the_standard_graph_under_auto_and_says_why(models, tmp_path):
     out = tmp_path / "bundle"
