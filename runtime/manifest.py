@@ -49,7 +49,7 @@ class ModelEntry:
     outputs: list[str]
     parameters: int = 0
     parity: dict[str, float] = field(default_factory=dict)
-    graph: str = "standard"   # contract.GRAPHS: "standard" (any backend) or "ort" (ORT CPU)
+    graph: str = "standard"   # contract.GRAPHS: "standard" (any backend), "ort" (ORT CPU), "static"
     quant: str = "none"       # contract.QUANTS: "none", or weight-only "int8"/"int4" (ORT CPU)
     quant_agreement: float | None = None   # top-1 agreement with the float graph, if quantized
     quant_scheme: dict[str, Any] = field(default_factory=dict)   # qweights.Scheme, if quantized

@@ -224,7 +224,7 @@ def test_newer_schema_is_refused(bundle_copy):
 
 
 # field, a bad value, what it must be, the schema before the field, what it reads as there
-OLDER_FIELDS = [("graph", "fast", r"\['standard', 'ort'\]", 1, "standard", ()),
+OLDER_FIELDS = [("graph", "fast", r"\['standard', 'ort', 'static'\]", 1, "standard", ()),
                 ("quant", "int3", r"\['none', 'int8', 'int4'\]", 2, "none", ("quant_agreement",)),
                 ("moe", "sparse", r"\['none', 'dense', 'kernel'\]", 3, "none", ())]
 
