@@ -343,8 +343,9 @@ def test_alibi_falls_back_to_the_standard_graph_under_auto_and_says_why(models, 
 
 # --- the TensorRT operator lint ---------------------------------------------------------
 
-@pytest.mark.parametrize("pair", [("llama", "llama_cut"), ("mistral", "mistral_cut"),
-                                  ("gpt2", "gpt2_cut")])
+@pytest.mark.parametrize("pair", [("llama", "llama_cut"),
+                                  pytest.param(("mistral", "mistral_cut"), marks=pytest.mark.slow),
+                                  pytest.param(("gpt2", "gpt2_cut"), marks=pytest.mark.slow)])
 def test_exported_decoder_graphs_pass_the_lint(bundle_factory, pair):
     root = bundle_factory(*pair, graph="standard")
     manifest = read_manifest(root)

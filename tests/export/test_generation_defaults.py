@@ -31,6 +31,7 @@ def export_with(models, tmp_path, name: str, **generation) -> tuple[Generator, o
     return Generator.load(out), target
 
 
+@pytest.mark.slow
 def test_greedy_model_default_repetition_penalty_equals_plain_generate(models, tmp_path):
     """A greedy generation_config with a repetition penalty (as Qwen2.5-Instruct ships):
     generate() with no settings applies it, so the runtime's defaults must too."""
@@ -49,6 +50,7 @@ def test_greedy_model_default_repetition_penalty_equals_plain_generate(models, t
         assert gen.generate(PROMPT, max_new_tokens=40, k=k).token_ids == hf[:40]
 
 
+@pytest.mark.slow
 def test_a_model_without_eos_runs_past_the_tokenizers_eos_as_generate_does(models, tmp_path,
                                                                            capsys):
     """No eos_token_id in config.json or generation_config.json: generate() never stops at the

@@ -146,6 +146,7 @@ def test_onnxruntime_too_old_for_the_ort_flavour_is_refused_naming_both_fixes(bu
         Generator.load(bundle)
 
 
+@pytest.mark.slow
 def test_onnxruntime_too_old_for_the_moe_kernel_is_refused_naming_both_fixes(bundle_factory,
                                                                            monkeypatch):
     """The ort flavour runs SiLU experts on ONNX Runtime's MoE kernel (1.23.1 and newer); the

@@ -119,7 +119,8 @@ def small(small_vocab_bundle):
     return Generator.load(bundle), target_dir
 
 
-@pytest.mark.parametrize("k,coupling", [(1, "rejection"), (4, "rejection"), (4, "invariant")])
+@pytest.mark.parametrize("k,coupling", [(1, "rejection"), (4, "rejection"),
+                                       pytest.param(4, "invariant", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("setting", SETTINGS, ids=["t1", "t0.7-k8", "p0.9"])
 def test_speculative_sampling_is_lossless(small, setting, k, coupling):
     gen, target_dir = small
@@ -141,8 +142,10 @@ PENALISED = [dict(temperature=1.0, repetition_penalty=0.3),
              dict(temperature=1.0, logit_bias={EOS: 2.5, 3: -3.0}, min_new_tokens=1)]
 
 
+# the fast subset (-m "not slow") leaves the split invariant runs to the full suite
 @pytest.mark.parametrize("mode,coupling", [("sequential", "rejection"), ("split", "rejection"),
-                                           ("split", "invariant")])
+                                           pytest.param("split", "invariant",
+                                                        marks=pytest.mark.slow)])
 @pytest.mark.parametrize("setting", PENALISED, ids=["rep0.3", "pres-freq", "rep0.6-freq-1",
                                                      "bias-min1"])
 def test_speculative_sampling_with_penalties_is_lossless(small, setting, mode, coupling):
@@ -297,9 +300,9 @@ def bundle_joint(bundle, setting) -> dict[tuple[int, int], float]:
         session.forward(np.asarray([t1], np.int64), n)[0], **setting, context=PROMPT + [t1]))
 
 
-@pytest.mark.parametrize("quant,compute,draft_quant", [("int4", "int8", "int8"),
-                                                       ("int8", "int8", "none"),
-                                                       ("int4", "float", "int4")])
+@pytest.mark.parametrize("quant,compute,draft_quant", [
+    ("int4", "int8", "int8"), pytest.param("int8", "int8", "none", marks=pytest.mark.slow),
+    pytest.param("int4", "float", "int4", marks=pytest.mark.slow)])
 def test_sampling_from_a_quantized_target_follows_its_own_distribution(small_vocab_bundle,
                                                                        tmp_path, quant,
                                                                        compute, draft_quant):
