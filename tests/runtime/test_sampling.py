@@ -119,8 +119,7 @@ def small(small_vocab_bundle):
     return Generator.load(bundle), target_dir
 
 
-@pytest.mark.parametrize("k,coupling", [(1, "rejection"), (4, "rejection"),
-                                       pytest.param(4, "invariant", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("k,coupling", [(1, "rejection"), (4, "rejection"), (4, "invariant")])
 @pytest.mark.parametrize("setting", SETTINGS, ids=["t1", "t0.7-k8", "p0.9"])
 def test_speculative_sampling_is_lossless(small, setting, k, coupling):
     gen, target_dir = small
@@ -271,7 +270,8 @@ def test_a_quantized_draft_leaves_the_distribution_unchanged(small_vocab_bundle,
     assert chi_square_p(samples, joint) > 1e-3
 
 
-@pytest.mark.parametrize("k,coupling", [(1, "rejection"), (4, "rejection"), (4, "invariant")])
+@pytest.mark.parametrize("k,coupling", [(1, "rejection"), (4, "rejection"),
+                                       pytest.param(4, "invariant", marks=pytest.mark.slow)])
 def test_split_mode_sampling_is_lossless(small, k, coupling):
     gen, target_dir = small
     setting = dict(SETTINGS[1], coupling=coupling)
