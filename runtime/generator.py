@@ -97,7 +97,8 @@ class Generator:
         generate() runs by default and, with `threads=None`, the one the CPU threads are
         chosen for (split: one core for the draft's thread, the rest for the target).
         `max_batch`: KV slots for that many sequences decoded together (generate_batch,
-        batch(); up to the bundle's own max_batch, CPU backend). The CPU threads chosen by
+        batch(); up to the bundle's own max_batch; on the CPU backend, or cuda with a static
+        bundle, design §11). The CPU threads chosen by
         timing and the calibrations of k="auto" are remembered per bundle and machine
         (docs/design.md §8.1); `recalibrate` measures them again and remembers the new.
         `draft_backend="cpu"`: the draft on the host's cores beside a cuda or trt target
