@@ -87,9 +87,12 @@ class OrtCudaSession(OrtCpuSession):
 
         e, dev = self.entry, (self.device, self.device_id)
         shape = self.arena_shape
-        self.keys = [OrtValue.ortvalue_from_shape_and_type(shape, self.kv_dtype, *dev)
+        # zero-filled, as the CPU session's: the static flavour's attention reads every row of
+        # a cache, and a stale row must be finite for its mask to hide it (a NaN left in fresh
+        # memory survives the mask; design §2). One layer's zeros on the host at a time.
+        self.keys = [OrtValue.ortvalue_from_numpy(np.zeros(shape, self.kv_dtype), *dev)
                      for _ in range(e.num_layers)]
-        self.values = [OrtValue.ortvalue_from_shape_and_type(shape, self.kv_dtype, *dev)
+        self.values = [OrtValue.ortvalue_from_numpy(np.zeros(shape, self.kv_dtype), *dev)
                        for _ in range(e.num_layers)]
         self.logits = OrtValue.ortvalue_from_shape_and_type(   # (max_batch, max_new_len, V)
             (self.max_batch, self.max_new_len, e.vocab_size), DTYPES[e.logits_dtype], *dev)
