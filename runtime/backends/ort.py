@@ -118,6 +118,7 @@ class OrtCpuSession:
         width = max(max_new_len, PREFILL_CHUNK, max_batch * max_new_len)
         self.ids = np.zeros((1, width), np.int64)
         self.positions = np.zeros_like(self.ids)
+        self.in_place = contract.in_place(entry.graph)    # arenas head-major, bound whole
         self._allocate()
         self.binding = self.session.io_binding()
         self._bind_in, self._bind_out = _binders(self.binding, self.device, self.device_id)
@@ -129,7 +130,6 @@ class OrtCpuSession:
             else _binders(self.binding, "cpu", 0))
         # what the decode loop binds on every call, worked out once: graph names and arena
         # addresses per layer (the arenas never move), and the ids/positions/logits addresses
-        self.in_place = contract.in_place(entry.graph)
         self.layers = [(contract.past_key(i), contract.past_value(i),
                         *contract.kv_output_names(i, entry.graph), *self._kv_ptrs(i))
                        for i in range(entry.num_layers)]
@@ -171,7 +171,7 @@ class OrtCpuSession:
         """(slots, Hkv, max_context, D) in the ort and static flavours, else (slots,
         max_context, Hkv, D)."""
         e = self.entry
-        if contract.in_place(e.graph):
+        if self.in_place:
             return (self.max_batch, e.num_kv_heads, self.max_context, e.head_dim)
         return (self.max_batch, self.max_context, e.num_kv_heads, e.head_dim)
 

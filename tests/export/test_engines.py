@@ -288,39 +288,29 @@ def test_default_export_on_a_cpu_machine_writes_the_ort_flavour_and_says_so(mode
     assert manifest.target.outputs[1:3] == ["present_key.0", "present_value.0"]
 
 
-def test_ort_flavour_and_tensorrt_refuse_each_other_naming_the_fix(models, bundle_factory,
-                                                                   tmp_path):
+@pytest.mark.parametrize("graph,refusal", [("ort", "'ort' graph flavour"),
+                                           ("static", "static graph flavour")])
+def test_in_place_flavours_and_tensorrt_refuse_each_other_naming_the_fix(
+        models, bundle_factory, tmp_path, graph, refusal):
+    """Neither the ort flavour (contrib ops) nor the static one (caches bound as both input
+    and output) goes to TensorRT: the export refuses --engines trt before any work, and
+    ssd-build-engines refuses the bundle, leaving it as it was."""
     out = tmp_path / "bundle"
     proc = run("-m", "ssd_export.cli", "--target", str(models["llama"]), "--draft",
-               str(models["llama_cut"]), "--output", str(out), "--graph", "ort",
+               str(models["llama_cut"]), "--output", str(out), "--graph", graph,
                "--engines", "trt")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "--graph ort cannot go with --engines trt" in proc.stderr and not out.exists()
-    ort_bundle = bundle_factory("llama", "llama_cut", graph="ort")
-    before = (ort_bundle / "manifest.json").read_bytes()
-    proc = run("-c", "import sys; from ssd_export.cli import build_engines_main; "
-                     "sys.exit(build_engines_main(sys.argv[1:]))", str(ort_bundle))
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "'ort' graph flavour" in proc.stderr and "--graph standard" in proc.stderr
-    assert (ort_bundle / "manifest.json").read_bytes() == before
-
-
-def test_static_flavour_and_tensorrt_refuse_each_other_naming_the_fix(models, bundle_factory,
-                                                                      tmp_path):
-    out = tmp_path / "bundle"
-    proc = run("-m", "ssd_export.cli", "--target", str(models["llama"]), "--draft",
-               str(models["llama_cut"]), "--output", str(out), "--graph", "static",
-               "--engines", "trt")
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "--graph static cannot go with --engines trt" in proc.stderr and not out.exists()
-    static = bundle_factory("llama", "llama_cut", graph="static")
-    manifest = json.loads((static / "manifest.json").read_text())
-    assert {m["graph"] for m in manifest["models"].values()} == {"static"}
+    assert f"--graph {graph} cannot go with --engines trt" in proc.stderr and not out.exists()
+    bundle = bundle_factory("llama", "llama_cut", graph=graph)
+    before = (bundle / "manifest.json").read_bytes()
+    manifest = json.loads(before)
+    assert {m["graph"] for m in manifest["models"].values()} == {graph}
     assert manifest["engines"] == [] and "top_id" in manifest["models"]["draft"]["outputs"]
     proc = run("-c", "import sys; from ssd_export.cli import build_engines_main; "
-                     "sys.exit(build_engines_main(sys.argv[1:]))", str(static))
+                     "sys.exit(build_engines_main(sys.argv[1:]))", str(bundle))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "static graph flavour" in proc.stderr and "--graph standard" in proc.stderr
+    assert refusal in proc.stderr and "--graph standard" in proc.stderr
+    assert (bundle / "manifest.json").read_bytes() == before
 
 
 @pytest.mark.slow
