@@ -79,8 +79,10 @@ def test_lookup_sampling_is_exact(small, source, k, coupling):
                            draft_source=source, **setting)
         samples.append(_first_two(res.token_ids))
         looked += res.stats.lookup_drafted > 0
-    # the lookup path is what is tested (auto takes a continuation where it pays: ~5% here)
-    assert looked > (SAMPLES // 2 if k != "auto" else SAMPLES // 50)
+    # the lookup path is what is tested; auto takes a continuation where it pays by this
+    # machine's timings of the moment: ~5% of runs here when idle, 1.7% (52) seen in a run
+    # beside a full suite, so under auto it only has to be exercised (fixed k gives the power)
+    assert looked > (SAMPLES // 2 if k != "auto" else SAMPLES // 300)
     p = chi_square_p(samples, joint)
     assert p > 1e-3, f"samples with lookup drafts do not follow the target (p={p:.2g})"
 
