@@ -111,7 +111,8 @@ class Generator:
                  k: int | Literal["auto"] = "auto", **settings: Any) -> GenerationResult:
         """The whole generation at once; `settings` are stream()'s (temperature, top_k, top_p,
         seed, stop, mode, the logits processors, ignore_eos)."""
-        for _ in self.stream(prompt, max_new_tokens, k, **settings):
+        for _ in self._pieces(self.request(prompt, max_new_tokens, k, **settings),
+                              pieces=False):
             pass
         assert self.last_result is not None
         return self.last_result
@@ -250,21 +251,21 @@ class Generator:
                 "top_p": g.get("top_p", 1.0) if sample else 1.0,
                 "repetition_penalty": g.get("repetition_penalty", 1.0)}
 
-    def _pieces(self, req: Request) -> Iterator[str]:
+    def _pieces(self, req: Request, pieces: bool = True) -> Iterator[str]:
         """One user of the KV slots at a time: a second stream decoding beside the first
         (interleaved, or from another thread) would overwrite its rows and give wrong tokens.
         Taken when decoding starts, freed when the stream ends or is closed."""
         self._take("another sequence")
         try:
-            yield from self._decode(req)
+            yield from self._decode(req, pieces)
         finally:
             self._busy.release()
 
-    def _decode(self, req: Request) -> Iterator[str]:
+    def _decode(self, req: Request, pieces: bool = True) -> Iterator[str]:
         ids, rule, eos_ids, k, mode = req.ids, req.rule, req.eos_ids, req.k, req.mode
         stats = Stats(backend=self.backend, k=k, prompt_tokens=len(ids), mode=mode,
                       threads=f"{self.target.threads}:{self.draft.threads}")
-        text = TextStream(self.codec, req.stop)
+        text = TextStream(self.codec, req.stop, pieces)
         lookup = Lookup() if req.source != "model" else None
         # a fixed k learns afresh each call: its drafts (and so a seeded rejection-rule run's
         # tokens) depend on this call alone, not on what earlier calls saw

