@@ -1,6 +1,9 @@
 """Bad input: one clear line, exit 2, no traceback, and never a half-written bundle."""
 from __future__ import annotations
 
+import contextlib
+import importlib
+import io
 import json
 import shutil
 import subprocess
@@ -14,9 +17,22 @@ from ssd_runtime.errors import ConfigError, ParityError
 from ssd_runtime.manifest import SCHEMA_VERSION
 
 
-def run(module: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True,
-                          text=True, timeout=300)
+def run(module: str, *args, program: bool = False) -> subprocess.CompletedProcess:
+    """`python -m module args`: by default the CLI's main(argv) in this process, its stdout and
+    stderr captured and its exit code returned (a new Python importing torch costs 5-8 s a
+    call); program=True runs it as a user does, as its own process (one test per CLI)."""
+    argv = [str(a) for a in args]
+    if program:
+        return subprocess.run([sys.executable, "-m", module, *argv], capture_output=True,
+                              text=True, timeout=300)
+    main = importlib.import_module(module).main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:          # argparse's errors: the message is on stderr
+            code = exc.code
+    return subprocess.CompletedProcess([module, *argv], code, out.getvalue(), err.getvalue())
 
 
 def assert_clean_error(proc: subprocess.CompletedProcess, prog: str, pattern: str) -> None:
@@ -37,9 +53,9 @@ def out(tmp_path) -> Path:
     return tmp_path / "bundle"
 
 
-def export_cli(target, draft, out, *extra):
+def export_cli(target, draft, out, *extra, program: bool = False):
     return run("ssd_export.cli", "--target", target, "--draft", draft, "--output", out,
-               "--quiet", *extra)
+               "--quiet", *extra, program=program)
 
 
 def test_the_python_api_takes_string_paths_and_names_bad_choices(models, tmp_path):
@@ -53,7 +69,7 @@ def test_the_python_api_takes_string_paths_and_names_bad_choices(models, tmp_pat
 
 
 def test_missing_model_folder(models, out):
-    proc = export_cli(out.parent / "no-such-model", models["llama"], out)
+    proc = export_cli(out.parent / "no-such-model", models["llama"], out, program=True)
     assert_clean_error(proc, "ssd-export", r"target model folder .*no-such-model.* does not exist")
     assert_nothing_written(out)
 
@@ -199,7 +215,7 @@ def bundle_copy(bundle_factory, tmp_path) -> Path:
 
 
 def test_prompt_longer_than_max_context(bundle_copy):
-    proc = run("ssd_runtime.cli", bundle_copy, "--prompt", "x = 1\n" * 40)
+    proc = run("ssd_runtime.cli", bundle_copy, "--prompt", "x = 1\n" * 40, program=True)
     assert_clean_error(proc, "ssd-run", r"prompt has \d+ tokens, more than the bundle's "
                                         r"max_context 48")
 
