@@ -17,15 +17,16 @@ from ssd_runtime.errors import ConfigError, ParityError
 from ssd_runtime.manifest import SCHEMA_VERSION
 
 
-def run(module: str, *args, program: bool = False) -> subprocess.CompletedProcess:
-    """`python -m module args`: by default the CLI's main(argv) in this process, its stdout and
+def run(module: str, *args, program: bool = False, entry: str = "main"
+        ) -> subprocess.CompletedProcess:
+    """`python -m module args`: by default the CLI's `entry`(argv) in this process, its stdout and
     stderr captured and its exit code returned (a new Python importing torch costs 5-8 s a
     call); program=True runs it as a user does, as its own process (one test per CLI)."""
     argv = [str(a) for a in args]
     if program:
         return subprocess.run([sys.executable, "-m", module, *argv], capture_output=True,
                               text=True, timeout=300)
-    main = importlib.import_module(module).main
+    main = getattr(importlib.import_module(module), entry)
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:

@@ -6,7 +6,6 @@ import importlib.util
 import json
 import shutil
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
+from test_bad_input import run
 
 from ssd_export.engines import decide_engines, record_engines
 from ssd_graphs.trt_lint import SUPPORTED, errors, lint_file, lint_model
@@ -228,14 +228,19 @@ def test_exporter_builds_skips_or_refuses(tmp_path):
         decide_engines("trt", "", blocking, out)
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300)
+def export(*args: str) -> subprocess.CompletedProcess:
+    """ssd-export in this process (test_bad_input.run)."""
+    return run("ssd_export.cli", *args)
+
+
+def build_engines(bundle: Path) -> subprocess.CompletedProcess:
+    return run("ssd_export.cli", bundle, entry="build_engines_main")
 
 
 @no_tensorrt
 def test_engines_trt_without_tensorrt_fails_in_one_line_and_writes_nothing(models, tmp_path):
     out = tmp_path / "bundle"
-    proc = run("-m", "ssd_export.cli", "--target", str(models["llama"]), "--draft",
+    proc = export("--target", str(models["llama"]), "--draft",
                str(models["llama_cut"]), "--output", str(out), "--engines", "trt")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -247,8 +252,7 @@ def test_engines_trt_without_tensorrt_fails_in_one_line_and_writes_nothing(model
 @no_tensorrt
 def test_build_engines_without_tensorrt_leaves_the_bundle_alone(bundle_copy):
     manifest = (bundle_copy / "manifest.json").read_bytes()
-    proc = run("-c", "import sys; from ssd_export.cli import build_engines_main; "
-                     "sys.exit(build_engines_main(sys.argv[1:]))", str(bundle_copy))
+    proc = build_engines(bundle_copy)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ssd-build-engines: error: ssd-build-engines "
@@ -259,7 +263,7 @@ def test_build_engines_without_tensorrt_leaves_the_bundle_alone(bundle_copy):
 
 def test_export_reports_the_lint_and_the_skipped_engines(models, tmp_path):
     out = tmp_path / "bundle"
-    proc = run("-m", "ssd_export.cli", "--target", str(models["llama"]), "--draft",
+    proc = export("--target", str(models["llama"]), "--draft",
                str(models["llama_cut"]), "--output", str(out), "--max-context", "64",
                "--graph", "standard")
     assert proc.returncode == 0, proc.stderr
@@ -277,7 +281,7 @@ def test_export_reports_the_lint_and_the_skipped_engines(models, tmp_path):
                     reason="a GPU stack here makes auto write the standard graph")
 def test_default_export_on_a_cpu_machine_writes_the_ort_flavour_and_says_so(models, tmp_path):
     out = tmp_path / "bundle"
-    proc = run("-m", "ssd_export.cli", "--target", str(models["llama"]), "--draft",
+    proc = export("--target", str(models["llama"]), "--draft",
                str(models["llama_cut"]), "--output", str(out), "--max-context", "64")
     assert proc.returncode == 0, proc.stderr
     assert "graph flavour: ort (no TensorRT or CUDA here" in proc.stderr
@@ -289,14 +293,15 @@ def test_default_export_on_a_cpu_machine_writes_the_ort_flavour_and_says_so(mode
 
 
 @pytest.mark.parametrize("graph,refusal", [("ort", "'ort' graph flavour"),
-                                           ("static", "static graph flavour")])
+                                           pytest.param("static", "static graph flavour",
+                                                        marks=pytest.mark.slow)])
 def test_in_place_flavours_and_tensorrt_refuse_each_other_naming_the_fix(
         models, bundle_factory, tmp_path, graph, refusal):
     """Neither the ort flavour (contrib ops) nor the static one (caches bound as both input
     and output) goes to TensorRT: the export refuses --engines trt before any work, and
     ssd-build-engines refuses the bundle, leaving it as it was."""
     out = tmp_path / "bundle"
-    proc = run("-m", "ssd_export.cli", "--target", str(models["llama"]), "--draft",
+    proc = export("--target", str(models["llama"]), "--draft",
                str(models["llama_cut"]), "--output", str(out), "--graph", graph,
                "--engines", "trt")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
@@ -306,8 +311,7 @@ def test_in_place_flavours_and_tensorrt_refuse_each_other_naming_the_fix(
     manifest = json.loads(before)
     assert {m["graph"] for m in manifest["models"].values()} == {graph}
     assert manifest["engines"] == [] and "top_id" in manifest["models"]["draft"]["outputs"]
-    proc = run("-c", "import sys; from ssd_export.cli import build_engines_main; "
-                     "sys.exit(build_engines_main(sys.argv[1:]))", str(bundle))
+    proc = build_engines(bundle)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert refusal in proc.stderr and "--graph standard" in proc.stderr
     assert (bundle / "manifest.json").read_bytes() == before
@@ -316,11 +320,11 @@ def test_in_place_flavours_and_tensorrt_refuse_each_other_naming_the_fix(
 @pytest.mark.slow
 def test_alibi_falls_back_to_the_standard_graph_under_auto_and_says_why(models, tmp_path):
     out = tmp_path / "bundle"
-    proc = run("-m", "ssd_export.cli", "--target", str(models["falcon_alibi"]), "--draft",
+    proc = export("--target", str(models["falcon_alibi"]), "--draft",
                str(models["falcon_alibi_cut"]), "--output", str(out), "--max-context", "64",
                "--graph", "ort")
     assert proc.returncode == 2 and "no ALiBi" in proc.stderr and not out.exists()
-    proc = run("-m", "ssd_export.cli", "--target", str(models["falcon_alibi"]), "--draft",
+    proc = export("--target", str(models["falcon_alibi"]), "--draft",
                str(models["falcon_alibi_cut"]), "--output", str(out), "--max-context", "64",
                "--graph", "auto", "--engines", "none")
     assert proc.returncode == 0, proc.stderr

@@ -89,7 +89,8 @@ def test_batch_equals_each_sequence_alone(bundle_factory, hf_reference, target, 
             assert sum(r.stats.accepted for r in batch) > 0
 
 
-@pytest.mark.parametrize("graph", ["auto", "standard", "static"])
+@pytest.mark.parametrize("graph", ["auto", pytest.param("standard", marks=pytest.mark.slow),
+                                   pytest.param("static", marks=pytest.mark.slow)])
 def test_a_sequence_reaching_the_context_end_leaves_the_others_right(bundle_factory, graph):
     gen = Generator.load(bundle_factory("llama", "llama_cut", max_context=64, graph=graph),
                          max_batch=3, threads=1)

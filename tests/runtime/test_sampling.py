@@ -141,12 +141,19 @@ PENALISED = [dict(temperature=1.0, repetition_penalty=0.3),
              dict(temperature=1.0, logit_bias={EOS: 2.5, 3: -3.0}, min_new_tokens=1)]
 
 
-# the fast subset (-m "not slow") leaves the split invariant runs to the full suite
-@pytest.mark.parametrize("mode,coupling", [("sequential", "rejection"), ("split", "rejection"),
-                                           pytest.param("split", "invariant",
-                                                        marks=pytest.mark.slow)])
-@pytest.mark.parametrize("setting", PENALISED, ids=["rep0.3", "pres-freq", "rep0.6-freq-1",
-                                                     "bias-min1"])
+PENALISED_IDS = ["rep0.3", "pres-freq", "rep0.6-freq-1", "bias-min1"]
+# every setting sequential in the fast subset (-m "not slow"), split mode (rejection) for one;
+# the full suite runs each setting in split mode under both couplings
+PENALISED_RUNS = [pytest.param(setting, mode, coupling, id=f"{name}-{mode}-{coupling}",
+                               marks=() if mode == "sequential" or (
+                                   name == "pres-freq" and coupling == "rejection")
+                               else pytest.mark.slow)
+                  for mode, coupling in [("sequential", "rejection"), ("split", "rejection"),
+                                         ("split", "invariant")]
+                  for setting, name in zip(PENALISED, PENALISED_IDS)]
+
+
+@pytest.mark.parametrize("setting,mode,coupling", PENALISED_RUNS)
 def test_speculative_sampling_with_penalties_is_lossless(small, setting, mode, coupling):
     gen, target_dir = small
     joint = exact_joint(target_dir, setting)
@@ -270,7 +277,8 @@ def test_a_quantized_draft_leaves_the_distribution_unchanged(small_vocab_bundle,
     assert chi_square_p(samples, joint) > 1e-3
 
 
-@pytest.mark.parametrize("k,coupling", [(1, "rejection"), (4, "rejection"),
+@pytest.mark.parametrize("k,coupling", [(1, "rejection"),
+                                       pytest.param(4, "rejection", marks=pytest.mark.slow),
                                        pytest.param(4, "invariant", marks=pytest.mark.slow)])
 def test_split_mode_sampling_is_lossless(small, k, coupling):
     gen, target_dir = small
