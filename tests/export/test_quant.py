@@ -123,6 +123,7 @@ def test_quantized_weights_and_tensorrt_refuse_each_other(models, tmp_path):
     assert_nothing_written(out)
 
 
+@pytest.mark.slow
 def test_a_standard_bundle_quantizes_its_draft_in_standard_onnx(bundle_factory):
     """DequantizeLinear feeding MatMul: not CPU-only (ORT CUDA and TensorRT take it; TensorRT
     blocks INT4 only, which its lint says at export)."""
