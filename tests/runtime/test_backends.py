@@ -278,7 +278,7 @@ def test_generation_on_the_device_path_equals_the_cpu_backend(bundle_factory, sm
             assert device.generate(prompt, mode="split", **setting).token_ids == expected
 
 
-@pytest.mark.slow     # its static bundle is the fast subset's only one (test_ragged_batch tests the graphs)
+@pytest.mark.slow    # its static bundle is the fast subset's only one (ragged tests: the graphs)
 def test_batches_on_the_device_path_take_the_static_flavour(bundle_factory):
     """The cuda backend batches static bundles (design §11): the device code path on host
     memory gives each sequence of a batch its tokens alone, with several new tokens per row in
