@@ -54,9 +54,9 @@ def out(tmp_path) -> Path:
     return tmp_path / "bundle"
 
 
-def export_cli(target, draft, out, *extra, program: bool = False):
+def export_cli(target, draft, out, *extra, program: bool = False, quiet: bool = True):
     return run("ssd_export.cli", "--target", target, "--draft", draft, "--output", out,
-               "--quiet", *extra, program=program)
+               *(["--quiet"] if quiet else []), *extra, program=program)
 
 
 def test_the_python_api_takes_string_paths_and_names_bad_choices(models, tmp_path):

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from test_bad_input import run
+from test_bad_input import export_cli, run
 
 from ssd_export.engines import decide_engines, record_engines
 from ssd_graphs.trt_lint import SUPPORTED, errors, lint_file, lint_model
@@ -228,11 +228,6 @@ def test_exporter_builds_skips_or_refuses(tmp_path):
         decide_engines("trt", "", blocking, out)
 
 
-def export(*args: str) -> subprocess.CompletedProcess:
-    """ssd-export in this process (test_bad_input.run)."""
-    return run("ssd_export.cli", *args)
-
-
 def build_engines(bundle: Path) -> subprocess.CompletedProcess:
     return run("ssd_export.cli", bundle, entry="build_engines_main")
 
@@ -240,8 +235,8 @@ def build_engines(bundle: Path) -> subprocess.CompletedProcess:
 @no_tensorrt
 def test_engines_trt_without_tensorrt_fails_in_one_line_and_writes_nothing(models, tmp_path):
     out = tmp_path / "bundle"
-    proc = export("--target", str(models["llama"]), "--draft",
-               str(models["llama_cut"]), "--output", str(out), "--engines", "trt")
+    proc = export_cli(models["llama"], models["llama_cut"], out, "--engines", "trt",
+                      quiet=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ssd-export: error: --engines trt needs "
@@ -263,9 +258,8 @@ def test_build_engines_without_tensorrt_leaves_the_bundle_alone(bundle_copy):
 
 def test_export_reports_the_lint_and_the_skipped_engines(models, tmp_path):
     out = tmp_path / "bundle"
-    proc = export("--target", str(models["llama"]), "--draft",
-               str(models["llama_cut"]), "--output", str(out), "--max-context", "64",
-               "--graph", "standard")
+    proc = export_cli(models["llama"], models["llama_cut"], out, "--max-context", "64",
+                      "--graph", "standard", quiet=False)
     assert proc.returncode == 0, proc.stderr
     assert "graph flavour: standard (--graph)" in proc.stderr
     assert "TensorRT lint of the graphs" in proc.stderr
@@ -281,8 +275,8 @@ def test_export_reports_the_lint_and_the_skipped_engines(models, tmp_path):
                     reason="a GPU stack here makes auto write the standard graph")
 def test_default_export_on_a_cpu_machine_writes_the_ort_flavour_and_says_so(models, tmp_path):
     out = tmp_path / "bundle"
-    proc = export("--target", str(models["llama"]), "--draft",
-               str(models["llama_cut"]), "--output", str(out), "--max-context", "64")
+    proc = export_cli(models["llama"], models["llama_cut"], out, "--max-context", "64",
+                      quiet=False)
     assert proc.returncode == 0, proc.stderr
     assert "graph flavour: ort (no TensorRT or CUDA here" in proc.stderr
     assert "engines: none: the target is the 'ort' graph flavour" in proc.stderr
@@ -301,9 +295,8 @@ def test_in_place_flavours_and_tensorrt_refuse_each_other_naming_the_fix(
     and output) goes to TensorRT: the export refuses --engines trt before any work, and
     ssd-build-engines refuses the bundle, leaving it as it was."""
     out = tmp_path / "bundle"
-    proc = export("--target", str(models["llama"]), "--draft",
-               str(models["llama_cut"]), "--output", str(out), "--graph", graph,
-               "--engines", "trt")
+    proc = export_cli(models["llama"], models["llama_cut"], out, "--graph", graph,
+                      "--engines", "trt", quiet=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"--graph {graph} cannot go with --engines trt" in proc.stderr and not out.exists()
     bundle = bundle_factory("llama", "llama_cut", graph=graph)
@@ -320,13 +313,11 @@ def test_in_place_flavours_and_tensorrt_refuse_each_other_naming_the_fix(
 @pytest.mark.slow
 def test_alibi_falls_back_to_the_standard_graph_under_auto_and_says_why(models, tmp_path):
     out = tmp_path / "bundle"
-    proc = export("--target", str(models["falcon_alibi"]), "--draft",
-               str(models["falcon_alibi_cut"]), "--output", str(out), "--max-context", "64",
-               "--graph", "ort")
+    proc = export_cli(models["falcon_alibi"], models["falcon_alibi_cut"], out,
+                      "--max-context", "64", "--graph", "ort", quiet=False)
     assert proc.returncode == 2 and "no ALiBi" in proc.stderr and not out.exists()
-    proc = export("--target", str(models["falcon_alibi"]), "--draft",
-               str(models["falcon_alibi_cut"]), "--output", str(out), "--max-context", "64",
-               "--graph", "auto", "--engines", "none")
+    proc = export_cli(models["falcon_alibi"], models["falcon_alibi_cut"], out,
+                      "--max-context", "64", "--graph", "auto", "--engines", "none", quiet=False)
     assert proc.returncode == 0, proc.stderr
     if "graph flavour: ort" in proc.stderr:
         assert "target: the ort flavour does not fit (the ort graph flavour has no ALiBi" \

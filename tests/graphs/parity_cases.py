@@ -8,6 +8,7 @@ critical path (one worker exporting for 40+ minutes while the other had finished
 from __future__ import annotations
 
 import atexit
+import functools
 import shutil
 import tempfile
 from pathlib import Path
@@ -133,7 +134,14 @@ def flavours(names) -> list[tuple[str, str]]:
 # what one process has built: name -> (model, max_context); (name, graph) -> TracedModel
 _MODELS: dict[str, tuple] = {}
 _TRACED: dict[tuple[str, str], object] = {}
-_ROOT: list[Path] = []
+
+
+@functools.cache
+def _root() -> Path:
+    """Where this process writes its parity exports, removed at exit."""
+    root = Path(tempfile.mkdtemp(prefix="parity-"))
+    atexit.register(shutil.rmtree, root, True)
+    return root
 
 
 def hf_model(models: dict[str, Path], name: str) -> tuple:
@@ -160,11 +168,8 @@ def traced(models: dict[str, Path], name: str, graph: str = "standard"):
     from ssd_graphs.trace import export_decoder
 
     if (name, graph) not in _TRACED:
-        if not _ROOT:
-            _ROOT.append(Path(tempfile.mkdtemp(prefix="parity-")))
-            atexit.register(shutil.rmtree, _ROOT[0], True)
         model, max_context = hf_model(models, name)
-        _TRACED[name, graph] = export_decoder(model, name, _ROOT[0] / graph / name / "model.onnx",
+        _TRACED[name, graph] = export_decoder(model, name, _root() / graph / name / "model.onnx",
                                               max_context, graph=graph)
     return _TRACED[name, graph]
 
