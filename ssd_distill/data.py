@@ -99,10 +99,11 @@ def encode_prompt(tokenizer: Any, prompt: Any) -> list[int]:
 
 @torch.no_grad()
 def answer(model: Any, prompts: list[list[int]], preset: Preset, eos: list[int], seed: int,
-           progress: Progress, batch: int = 32) -> Rows:
+           progress: Progress, budget_s: float | None = None, batch: int = 32) -> Rows:
     """The target's answers to `prompts` (each up to preset.new_tokens, ending at an eos), a
     share greedy and the rest sampled at temperature 1, decoded in batches with Hugging Face's
-    KV cache; every answer position is labelled with the distribution it was decoded from."""
+    KV cache; every answer position is labelled with the distribution it was decoded from.
+    Past `budget_s` seconds no new batch starts: the rows are those answered."""
     from transformers import DynamicCache
 
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))   # similar lengths batch
@@ -112,6 +113,8 @@ def answer(model: Any, prompts: list[list[int]], preset: Preset, eos: list[int],
     eos_t = torch.tensor(eos or [-1])
     start = time.monotonic()
     for first in range(0, len(order), batch):
+        if budget_s is not None and time.monotonic() - start > budget_s:
+            break
         rows = order[first:first + batch]
         width = max(len(prompts[i]) for i in rows)
         pad = 0
@@ -150,7 +153,8 @@ def answer(model: Any, prompts: list[list[int]], preset: Preset, eos: list[int],
             results[i] = (answers[b], labels[b])
         done_tokens = first * preset.new_tokens + len(rows) * preset.new_tokens
         progress(min(done_tokens, total), total, _rate(done_tokens, start))
-    return _pack([(prompts[i], *results[i]) for i in range(len(prompts))], preset)
+    return _pack([(prompts[i], *results[i]) for i in range(len(prompts)) if i in results],
+                 preset)
 
 
 @torch.no_grad()

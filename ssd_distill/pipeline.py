@@ -259,15 +259,19 @@ def _data(config: DistillConfig, preset: Preset, target, tokenizer, prompts: lis
     chosen = [pool[i % len(pool)] for i in range(preset.prompts)]
     eos = _eos(target)
     t0 = time.monotonic()
-    answered = answer(target, chosen + held, preset, eos, config.seed, log.bar("answers"))
-    n_train = len(chosen)
+    held_rows = answer(target, held, preset, eos, config.seed + 7, log.bar("held-out answers"))
+    train_rows = answer(target, chosen, preset, eos, config.seed, log.bar("answers"),
+                        budget_s=max(0.0, preset.generate_budget_s - (time.monotonic() - t0)))
+    n_train = len(train_rows.ids)
+    if n_train < len(chosen):
+        log.line(f"the answer budget of {preset.generate_budget_s:.0f} s was hit: {n_train} of "
+                 f"{len(chosen)} prompts answered (recorded in the card)")
     gen_s = time.monotonic() - t0
-    train_rows = answered.select(torch.arange(n_train))
-    held_rows = answered.select(torch.arange(n_train, len(answered.ids)))
     t1 = time.monotonic()
     text_rows = label_text(target, tokenizer, texts, preset, log.bar("text"))
     parts = [train_rows, text_rows]
-    info = {"prompts": len(prompts), "answered": n_train, "heldout_prompts": len(held),
+    info = {"prompts": len(prompts), "answered": n_train, "asked": len(chosen),
+            "heldout_prompts": len(held),
             "answer_positions": train_rows.positions, "heldout_positions": held_rows.positions,
             "text_files": len(texts),
             "text_positions": text_rows.positions if text_rows is not None else 0,

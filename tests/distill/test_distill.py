@@ -71,8 +71,13 @@ def test_the_graph_computes_the_reduced_head_alone(distilled):
     ids = json.loads((draft / "output_vocab.json").read_text())["ids"]
     gen = Generator.load(bundle)
     model = onnx.load(str(bundle / gen.manifest.draft.path), load_external_data=False)
-    shapes = [tuple(t.dims) for t in model.graph.initializer]
-    assert any(len(ids) in s and 64 in s and len(s) == 2 for s in shapes), shapes
+    # the draft is int8 (MatMulNBits, whose N and K are attributes) or float (a 2-D weight)
+    heads = [{a.name: a.i for a in n.attribute} for n in model.graph.node
+             if n.op_type == "MatMulNBits"]
+    heads = [(h["K"], h["N"]) for h in heads] + \
+        [tuple(t.dims) for t in model.graph.initializer if len(t.dims) == 2]
+    assert (64, len(ids)) in heads or (len(ids), 64) in heads, heads
+    assert (64, 384) not in heads        # no full-vocabulary head beside it
     from ssd_runtime.backends import open_backend
 
     draft_session = open_backend(bundle, gen.manifest, "cpu").draft
