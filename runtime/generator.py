@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Literal, Sequence
 
 from . import cache
-from .acceptance import make_rule
+from .acceptance import GreedyAcceptance, InvariantSampling, SamplingAcceptance
 from .backends import Threads, open_backend
 from .backends.select import CUDA_PROVIDER
 from .drafting import SequentialDrafter, SplitDrafter
 from .errors import ConfigError
-from .heads import HeadSessions
+from .heads import FusedGreedyAcceptance, FusedSamplingAcceptance, HeadSessions
 from .lookup import DRAFT_SOURCES, Lookup
 
 if TYPE_CHECKING:
@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 from .loop import Stats, decode
 from .perf import Acceptance, AdaptiveK, CostModel, FixedK, RoundTimes, calibrate
 from .manifest import Manifest, read_manifest
+from .processors import Processors
+from .rules import Rule
 from .sampling import SamplingParams
 from .text import TextCodec, TextStream
 
@@ -47,7 +49,7 @@ class Request:
     """One sequence to decode: its prompt ids, rule and settings, checked (Generator.request)."""
 
     ids: list[int]
-    rule: Any                 # acceptance.GreedyAcceptance | SamplingAcceptance | ...
+    rule: Rule                # acceptance.GreedyAcceptance | SamplingAcceptance | ... (make_rule)
     eos_ids: set[int]
     max_new_tokens: int
     k: int | str
@@ -375,6 +377,22 @@ class Generator:
         if stop is not None and (isinstance(stop, str) or
                                  not all(isinstance(s, str) for s in stop)):
             raise ConfigError(f"stop={stop!r} must be a list of strings.")
+
+
+def make_rule(params: SamplingParams, heads: HeadSessions | None = None,
+              prompt: list[int] = (), vocab: int = 0, eos_ids: set[int] = frozenset()) -> Rule:
+    """The host rule, or the same rule on the bundle's ONNX heads when `heads` is given (the
+    heads have no logits processors and no invariant coupling: with penalties, a bias, a
+    minimum length or a seeded invariant run the host decides)."""
+    if heads is None or params.processed or params.invariant:
+        processors = Processors(params, list(prompt), vocab, eos_ids) if params.processed \
+            else None
+        if params.greedy:
+            return GreedyAcceptance(processors)
+        if params.invariant:
+            return InvariantSampling(params, processors, vocab)
+        return SamplingAcceptance(params, processors)
+    return FusedGreedyAcceptance(heads) if params.greedy else FusedSamplingAcceptance(heads, params)
 
 
 def _checked_batch(max_batch: int, manifest: Manifest) -> int:
