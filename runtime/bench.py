@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .backends import cpu_cores
 from .errors import ConfigError, cli_main
 from .lookup import DRAFT_SOURCES
+from .machine import cpu_cores
 from .perf import CostModel, calibrate, expected_tokens
 
 

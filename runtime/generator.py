@@ -340,7 +340,7 @@ class Generator:
         on an H200), and the key would have to name the GPU."""
         if self.backend != "cpu":
             return None
-        return cache.measurement_key(self.manifest, what, backend=self.backend,
+        return cache.measurement_key(self.manifest.digest(), what, backend=self.backend,
                                      threads=[self.target.threads, self.draft.threads], **more)
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ssd_runtime.backends import cpu_cores, open_backend
+from ssd_runtime.backends import open_backend
 from ssd_runtime.backends.base import ModelSession
 from ssd_runtime.errors import BackendError, ConfigError
+from ssd_runtime.machine import cpu_cores
 from ssd_runtime.manifest import Manifest
 from ssd_runtime.perf import CostModel, calibrate
 
