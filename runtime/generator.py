@@ -7,56 +7,28 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Literal, Sequence
+from typing import Any, Iterator, Literal, Sequence
 
 from . import cache
 from .acceptance import GreedyAcceptance, InvariantSampling, SamplingAcceptance
 from .backends import Threads, open_backend
 from .backends.select import CUDA_PROVIDER
+from .batch import Batch
 from .drafting import SequentialDrafter, SplitDrafter
 from .errors import ConfigError
 from .heads import FusedGreedyAcceptance, FusedSamplingAcceptance, HeadSessions
 from .lookup import DRAFT_SOURCES, Lookup
-
-if TYPE_CHECKING:
-    from .batch import Batch
 from .loop import Stats, decode
 from .perf import Acceptance, AdaptiveK, CostModel, FixedK, RoundTimes, calibrate
 from .manifest import Manifest, read_manifest
 from .processors import Processors
+from .request import GenerationResult, Mode, Request
 from .rules import Rule
 from .sampling import SamplingParams
 from .text import TextCodec, TextStream
 
-
-Mode = Literal["sequential", "split"]
 DRAFTERS = {"sequential": SequentialDrafter, "split": SplitDrafter}
-
-
-@dataclass
-class GenerationResult:
-    token_ids: list[int]      # generated ids only, not the prompt
-    text: str
-    stop_reason: str          # "eos" | "length" | "context" | "stop" | "error" (batches only)
-    stats: Stats
-    error: str | None = None  # generate_batch: why this prompt was refused (the others ran)
-
-
-@dataclass
-class Request:
-    """One sequence to decode: its prompt ids, rule and settings, checked (Generator.request)."""
-
-    ids: list[int]
-    rule: Rule                # acceptance.GreedyAcceptance | SamplingAcceptance | ... (make_rule)
-    eos_ids: set[int]
-    max_new_tokens: int
-    k: int | str
-    stop: list[str]
-    mode: Mode
-    kind: str                 # "greedy" | "sampled" | "invariant": what acceptance is learnt for
-    source: str = "fused"     # lookup.DRAFT_SOURCES: who drafts
 
 
 class Generator:
@@ -186,8 +158,6 @@ class Generator:
         """A batch over `slots` (default: all max_batch) of this generator's slots (batch.py):
         add sequences, step rounds. It holds the generator (like a stream) until closed; use
         it as a context."""
-        from .batch import Batch
-
         self._take("a batch")
         try:
             return Batch(self, k, slots)
