@@ -36,10 +36,11 @@ import numpy as np
 from . import cache
 from .batch_cost import BatchCost, best_k, measure
 from .errors import ConfigError
-from .loop import Stats
+from .learning import Acceptance
 from .lookup import Lookup
-from .perf import Acceptance, lookup_beats
+from .loop import Stats
 from .request import GenerationResult, Request
+from .schedule import lookup_beats
 from .text import TextCodec, TextStream
 
 if TYPE_CHECKING:
@@ -287,7 +288,7 @@ class Batch:
             if seq.k and seq.lookup is not None:      # a continuation found earlier: free
                 found, seq.matched = seq.lookup.find(seq.seq, seq.k)
                 # taken where its first token is as likely to pass as a model token (as a
-                # fixed k alone: perf.lookup_beats)
+                # fixed k alone: schedule.lookup_beats)
                 if found and seq.req.source != "lookup" and \
                         not lookup_beats(seq.lookup_learnt, seq.acceptance, seq.matched):
                     found = []

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .perf import expected_tokens
+from .cost import expected_tokens
 
 if TYPE_CHECKING:
     from .backends.base import ModelSession

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
+from .calibration import calibrate
+from .cost import CostModel, expected_tokens
 from .errors import ConfigError, cli_main
 from .lookup import DRAFT_SOURCES
 from .machine import cpu_cores
-from .perf import CostModel, calibrate, expected_tokens
 
 
 @dataclass(frozen=True)

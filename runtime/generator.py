@@ -15,17 +15,20 @@ from .acceptance import GreedyAcceptance, InvariantSampling, SamplingAcceptance
 from .backends import Threads, open_backend
 from .backends.select import CUDA_PROVIDER
 from .batch import Batch
+from .calibration import calibrate
+from .cost import CostModel
 from .drafting import SequentialDrafter, SplitDrafter
 from .errors import ConfigError
 from .heads import FusedGreedyAcceptance, FusedSamplingAcceptance, HeadSessions
+from .learning import Acceptance
 from .lookup import DRAFT_SOURCES, Lookup
 from .loop import Stats, decode
-from .perf import Acceptance, AdaptiveK, CostModel, FixedK, RoundTimes, calibrate
 from .manifest import Manifest, read_manifest
 from .processors import Processors
 from .request import GenerationResult, Mode, Request
 from .rules import Rule
 from .sampling import SamplingParams
+from .schedule import AdaptiveK, FixedK, RoundTimes
 from .text import TextCodec, TextStream
 
 DRAFTERS = {"sequential": SequentialDrafter, "split": SplitDrafter}

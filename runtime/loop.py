@@ -14,8 +14,8 @@ import numpy as np
 
 from .backends.base import ModelSession
 from .drafting import SequentialDrafter
-from .perf import AdaptiveK, FixedK
 from .rules import Rule
+from .schedule import AdaptiveK, FixedK
 
 
 @dataclass

@@ -10,11 +10,13 @@ from test_sampling import EOS, chi_square_p, hf_processed, joint_of
 
 from ssd_runtime import ConfigError, Generator
 from ssd_runtime.acceptance import SamplingAcceptance
+from ssd_runtime.cost import CostModel
 from ssd_runtime.drafting import SequentialDrafter
+from ssd_runtime.learning import Acceptance
 from ssd_runtime.lookup import Lookup
 from ssd_runtime.loop import Stats, decode
-from ssd_runtime.perf import Acceptance, AdaptiveK, CostModel, FixedK
 from ssd_runtime.sampling import SamplingParams, probabilities
+from ssd_runtime.schedule import AdaptiveK, FixedK
 
 # repeats itself: the suffix [5, 6] was seen before, followed by 7, 8, 5, 6
 LOOPED = [0, 5, 6, 7, 8, 5, 6]

@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 
 from ssd_runtime.acceptance import GreedyAcceptance
+from ssd_runtime.cost import CostModel
 from ssd_runtime.drafting import SequentialDrafter, SplitDrafter
+from ssd_runtime.learning import Acceptance
 from ssd_runtime.loop import Stats, decode
-from ssd_runtime.perf import Acceptance, AdaptiveK, CostModel
+from ssd_runtime.schedule import AdaptiveK
 
 VOCAB = 16
 
