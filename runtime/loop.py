@@ -13,9 +13,8 @@ from typing import Iterator
 import numpy as np
 
 from .backends.base import ModelSession
-from .drafting import SequentialDrafter
+from .drafting import Schedule, SequentialDrafter
 from .rules import Rule
-from .schedule import AdaptiveK, FixedK
 
 
 @dataclass
@@ -77,7 +76,7 @@ class Stats:
 
 def decode(target: ModelSession, drafter: SequentialDrafter,
            rule: Rule, prompt: list[int], max_new_tokens: int,
-           schedule: FixedK | AdaptiveK, eos_ids: set[int], stats: Stats) -> Iterator[list[int]]:
+           schedule: Schedule, eos_ids: set[int], stats: Stats) -> Iterator[list[int]]:
     """Yield the tokens of each round until EOS, max_new_tokens or the context end.
 
     A consumer may stop early (close the generator); the stats stay consistent.
