@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, Sequence
 import numpy as np
 
 from . import cache
-from .batch_cost import BatchCost, best_k, measure
 from .errors import ConfigError
-from .learning import Acceptance
-from .lookup import Lookup
-from .loop import Stats
 from .request import GenerationResult, Request
-from .schedule import lookup_beats
+from .round.lookup import Lookup
+from .round.loop import Stats
+from .scheduler.batch_cost import BatchCost, best_k, measure
+from .scheduler.learning import Acceptance
+from .scheduler.schedule import lookup_beats
 from .text import TextCodec, TextStream
 
 if TYPE_CHECKING:

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .calibration import calibrate
-from .cost import CostModel, expected_tokens
 from .errors import ConfigError, cli_main
-from .lookup import DRAFT_SOURCES
 from .machine import cpu_cores
+from .round.lookup import DRAFT_SOURCES
+from .scheduler.calibration import calibrate
+from .scheduler.cost import CostModel, expected_tokens
 
 
 @dataclass(frozen=True)

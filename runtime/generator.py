@@ -11,24 +11,24 @@ from pathlib import Path
 from typing import Any, Iterator, Literal, Sequence
 
 from . import cache
-from .acceptance import GreedyAcceptance, InvariantSampling, SamplingAcceptance
 from .backends import Threads, open_backend
 from .backends.select import CUDA_PROVIDER
 from .batch import Batch
-from .calibration import calibrate
-from .cost import CostModel
-from .drafting import SequentialDrafter, SplitDrafter
 from .errors import ConfigError
-from .heads import FusedGreedyAcceptance, FusedSamplingAcceptance, HeadSessions
-from .learning import Acceptance
-from .lookup import DRAFT_SOURCES, Lookup
-from .loop import Stats, decode
 from .manifest import Manifest, read_manifest
-from .processors import Processors
 from .request import GenerationResult, Mode, Request
-from .rules import Rule
-from .sampling import SamplingParams
-from .schedule import AdaptiveK, FixedK, RoundTimes
+from .round.acceptance import GreedyAcceptance, InvariantSampling, SamplingAcceptance
+from .round.drafting import SequentialDrafter, SplitDrafter
+from .round.heads import FusedGreedyAcceptance, FusedSamplingAcceptance, HeadSessions
+from .round.lookup import DRAFT_SOURCES, Lookup
+from .round.loop import Stats, decode
+from .round.processors import Processors
+from .round.rules import Rule
+from .round.sampling import SamplingParams
+from .scheduler.calibration import calibrate
+from .scheduler.cost import CostModel
+from .scheduler.learning import Acceptance
+from .scheduler.schedule import AdaptiveK, FixedK, RoundTimes
 from .text import TextCodec, TextStream
 
 DRAFTERS = {"sequential": SequentialDrafter, "split": SplitDrafter}

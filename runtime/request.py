@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .loop import Stats
-from .rules import Rule
+from .round.loop import Stats
+from .round.rules import Rule
 
 Mode = Literal["sequential", "split"]
 

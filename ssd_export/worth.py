@@ -12,11 +12,11 @@ import numpy as np
 
 from ssd_runtime.backends import open_backend
 from ssd_runtime.backends.base import ModelSession
-from ssd_runtime.calibration import calibrate
-from ssd_runtime.cost import CostModel
 from ssd_runtime.errors import BackendError, ConfigError
 from ssd_runtime.machine import cpu_cores
 from ssd_runtime.manifest import Manifest
+from ssd_runtime.scheduler.calibration import calibrate
+from ssd_runtime.scheduler.cost import CostModel
 
 from .parity import ort_errors
 from .qtarget import heldout_ids

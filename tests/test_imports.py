@@ -94,7 +94,7 @@ def test_the_graph_sees_imports_of_every_kind():
     assert "ssd_runtime.generator" in graph["ssd_runtime"]                 # inside __getattr__
     assert "ssd_runtime.contract" in graph["ssd_graphs.trace"]             # absolute
     assert "ssd_runtime.backends" in graph["ssd_export.worth"]             # a package's __init__
-    assert "ssd_runtime.backends.base" in graph["ssd_runtime.batch_cost"]  # TYPE_CHECKING
+    assert "ssd_runtime.backends.base" in graph["ssd_runtime.scheduler.batch_cost"]  # TYPE_CHECKING
     assert "ssd_runtime" not in graph["ssd_runtime.backends.ort"]          # its own package
     assert cycles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == \
         [["a", "b", "c", "a"]]

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .backends.base import ModelSession
+from ..backends.base import ModelSession
 from .lookup import Lookup
 from .rules import Rule
 

@@ -17,7 +17,7 @@ import numpy as np
 from .cost import expected_tokens
 
 if TYPE_CHECKING:
-    from .backends.base import ModelSession
+    from ..backends.base import ModelSession
 
 PROBE_LENGTHS = (1, 2, 3, 5, 9, 17)    # verification lengths timed per batch size
 

@@ -12,7 +12,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .backends.base import ModelSession
+from ..backends.base import ModelSession
 from .drafting import Schedule, SequentialDrafter
 from .rules import Rule
 

@@ -7,7 +7,7 @@ from time import perf_counter
 
 import numpy as np
 
-from .backends.base import ModelSession
+from ..backends.base import ModelSession
 from .cost import CostModel, rising
 
 
