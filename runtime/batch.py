@@ -8,7 +8,7 @@
                 print(event.id, event.text, event.result)
 
 Each sequence owns one slot: its rows of both models' arenas and its own lengths, so
-rollback stays free per slot. A round is the single-sequence loop (loop.py) done for all
+rollback stays free per slot. A round is the single-sequence loop (round/loop.py) done for all
 running slots at once:
 
     prefill   at most PREFILL_BUDGET prompt tokens of newcomers, one slot at a time
