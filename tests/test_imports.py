@@ -1,5 +1,6 @@
 """No import circles inside the packages: every import between two of their modules points
-one way (issue 37; docs/design.md §1). Read from the source with `ast`; nothing is imported.
+one way, and inside the runtime down its layers (issue 37; docs/design.md §1). Read from
+the source with `ast`; nothing is imported.
 
 What counts as an edge A -> B: every `import` and `from ... import` in A, wherever it is —
 at module level, inside `if TYPE_CHECKING:`, and inside functions. Lazy imports are how
@@ -85,6 +86,38 @@ def test_the_packages_have_no_import_circles():
                   for a, b in zip(path, path[1:])]
     assert not found, "import circles (move what both sides share to a module below " \
                       "them):\n" + "\n".join(lines)
+
+
+# The runtime's layers, lowest first (docs/design.md §1): a module imports only modules of its
+# own layer or below. A folder names its layer; a module at the top of runtime/ is listed.
+RUNTIME_LAYERS = (
+    ("contract", ("errors", "contract", "machine", "cache", "manifest", "engines")),
+    ("backends", ("backends",)),
+    ("round", ("round",)),
+    ("scheduler", ("scheduler",)),
+    ("generator and batch", ("request", "text", "batch", "generator")),
+    ("CLI and server", ("", "cli", "bench", "serve")),      # "": ssd_runtime's __init__
+)
+
+
+def runtime_layer(module: str) -> int:
+    part = module.split(".")[1] if "." in module else ""
+    for i, (_, parts) in enumerate(RUNTIME_LAYERS):
+        if part in parts:
+            return i
+    raise AssertionError(f"{module} is in no layer of RUNTIME_LAYERS: add it to the layer it "
+                         f"belongs to (docs/design.md §1)")
+
+
+def test_runtime_imports_point_down_its_layers():
+    graph = import_graph()
+    up = [f"{a} ({RUNTIME_LAYERS[runtime_layer(a)][0]}) imports {b} "
+          f"({RUNTIME_LAYERS[runtime_layer(b)][0]}), line {line}"
+          for a, imported in graph.items() if a.startswith("ssd_runtime")
+          for b, line in imported.items()
+          if b.startswith("ssd_runtime") and runtime_layer(b) > runtime_layer(a)]
+    assert not up, "imports that point up the runtime's layers (declare an interface at " \
+                   "the lower layer, as drafting.Schedule and batch.Owner do):\n" + "\n".join(up)
 
 
 def test_the_graph_sees_imports_of_every_kind():
