@@ -22,8 +22,8 @@ from ssd_runtime.backends.select import Facts, describe, plan
 from ssd_runtime.backends.trt import ALIGNMENT, in_place_kv, too_old
 from ssd_runtime.engines import GpuInfo, engine_profiles
 from ssd_runtime.errors import BackendError
-from ssd_runtime.heads import HeadSessions
 from ssd_runtime.manifest import EngineEntry
+from ssd_runtime.round.heads import HeadSessions
 
 H200 = GpuInfo("NVIDIA H200", "9.0")
 ORIN = GpuInfo("Orin (nvgpu)", "8.7")
