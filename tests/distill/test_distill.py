@@ -57,6 +57,10 @@ def test_the_draft_is_a_hugging_face_folder_of_the_targets_kind(distilled, model
     card = json.loads((draft / "distill.json").read_text())
     assert 0 <= card["heldout"]["agreement"] <= 1 and card["heldout"]["positions"] > 0
     assert card["worth"]["c"] > 0 and card["worth"]["speedups"][0] == 1.0
+    # the worth is measured on the held-out prompts' answers, the last tenth of calib.jsonl
+    assert card["worth"]["text"].startswith("calib.jsonl's last"), card["worth"]["text"]
+    lines = (draft / "calib.jsonl").read_text().splitlines()
+    assert len(lines) >= 10 and all("text" in json.loads(line) for line in lines)
     readme = (draft / "README.md").read_text()
     assert "teacher-forced top-1 agreement" in readme and "predicted speed-up" in readme
     assert not (draft.parent / "draft.partial").exists()
