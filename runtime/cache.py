@@ -16,7 +16,8 @@ from typing import Any, Callable, TypeVar
 
 from .machine import cpu_cores, cpu_model
 
-VERSION = 1                   # of the files below; another version's files are ignored
+VERSION = 2                   # of the files below; another version's files are ignored
+# (2: sessions stop spinning when a run returns, docs/design.md §9: older timings are stale)
 ENV = "SSD_CACHE_DIR"         # where the cache lives (default $XDG_CACHE_HOME/ssd, ~/.cache/ssd)
 # A file is remembered as checked only once its last change is this far in the past, by the
 # file system's clock: a write in the same clock tick as the check (ticks of a few ms, 2 s on

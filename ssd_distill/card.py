@@ -13,7 +13,8 @@ def model_card(card: dict) -> str:
     if worth.get("agreement") is not None:
         pair = (f"- exported with the target by `ssd-export` and timed there ({worth.get('backend')}"
                 f", threads {worth.get('threads')}): agreement of the deployed graphs "
-                f"{worth['agreement']} on {worth.get('tokens')} held-out tokens, draft/target cost "
+                f"{worth['agreement']} on {worth.get('tokens')} held-out tokens "
+                f"({worth.get('text')}), draft/target cost "
                 f"c = {worth.get('c')}, predicted speed-up **{worth.get('speedup')}x** at k = "
                 f"{worth.get('best_k')} over the target alone\n")
     else:

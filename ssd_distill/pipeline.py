@@ -60,6 +60,9 @@ def distill(config: DistillConfig) -> dict:
         raise
 
 
+CALIB = "calib.jsonl"   # the target's answers, for ssd-export --calib
+
+
 def _distill(config: DistillConfig, preset: Preset, target, tokenizer, prompts: list,
              texts: list[str], out: Path, work: Path, log: "Log") -> dict:
     t0 = log.t0
@@ -107,6 +110,7 @@ def _distill(config: DistillConfig, preset: Preset, target, tokenizer, prompts: 
     draft_dir = work / "draft"
     shutil.rmtree(draft_dir, ignore_errors=True)
     save_draft(student, tokenizer, draft_dir, ids)
+    calib = _write_calibration(tokenizer, train_rows, held_rows, draft_dir / CALIB)
     card = {
         "target": config.target, "preset": config.preset, "settings": asdict(preset),
         "loss": config.loss, "init": config.init, "seed": config.seed,
@@ -125,7 +129,7 @@ def _distill(config: DistillConfig, preset: Preset, target, tokenizer, prompts: 
     del target
     if config.check:
         log.stage("the pair's worth: export and time the bundle")
-        card["worth"] = _worth(config, draft_dir, log)
+        card["worth"] = _worth(config, draft_dir, calib, log)
     card["total_seconds"] = round(time.monotonic() - t0, 1)
     (draft_dir / "distill.json").write_text(json.dumps(card, indent=2) + "\n")
     (draft_dir / "README.md").write_text(model_card(card))
@@ -295,10 +299,34 @@ def _start_agreement(target, held: Rows, ids, n: int, init: str) -> float:
     return agree / max(total, 1)
 
 
-def _worth(config: DistillConfig, draft_dir: Path, log: Log) -> dict:
+def _row_texts(tokenizer, rows) -> list[str]:
+    """Each row's prompt and answer as text (special tokens kept: the chat template's)."""
+    out = []
+    for r in range(len(rows.ids)):
+        labelled = rows.mask[r].nonzero()
+        if len(labelled):
+            end = min(rows.ids.shape[1], int(labelled[-1]) + 2)
+            out.append(tokenizer.decode(rows.ids[r, :end].tolist()))
+    return out
+
+
+def _write_calibration(tokenizer, train_rows, held_rows, path: Path) -> Path | None:
+    """The target's own answers as `ssd-export --calib` text, so that the export's worth check
+    measures the draft on the text it will be asked to guess (docs/distill.md §1), not on
+    the export's default English prose. `--calib` holds out a file's last tenth: that tenth is
+    exactly the held-out prompts' answers, after nine times as many training answers."""
+    held = _row_texts(tokenizer, held_rows)
+    if not held:
+        return None
+    lines = [*_row_texts(tokenizer, train_rows)[:9 * len(held)], *held]
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in lines), encoding="utf-8")
+    return path
+
+
+def _worth(config: DistillConfig, draft_dir: Path, calib: Path | None, log: Log) -> dict:
     """Export target + draft as ssd-export would and read the pair's worth it measures:
-    held-out agreement of the deployed graphs, the calibrated cost c, the predicted
-    speed-up."""
+    agreement of the deployed graphs on held-out answers of the target's, the calibrated
+    cost c, the predicted speed-up."""
     from ssd_export.config import ExportConfig
     from ssd_export.pipeline import export_bundle
 
@@ -306,7 +334,8 @@ def _worth(config: DistillConfig, draft_dir: Path, log: Log) -> dict:
     bundle = config.bundle if keep else Path(tempfile.mkdtemp(prefix="ssd-distill-")) / "b"
     try:
         manifest = export_bundle(ExportConfig(target=config.target, draft=str(draft_dir),
-                                              output=bundle, force=keep, quiet=True))
+                                              output=bundle, force=keep, quiet=True,
+                                              calib=None if calib is None else str(calib)))
         worth = dict(manifest.pair_worth or {})
         if keep:
             worth["bundle"] = str(bundle)

@@ -226,7 +226,7 @@ def _fastest(candidates: list[ModelSession], beside: ModelSession | None,
     passes of `lengths` new tokens (each round times one pass of each): fewer threads leave
     cores to the other model and to split mode. Timed interleaved, and for the draft right
     after a pass of `beside_len` tokens of the target, as in the loop (the target's thread
-    pool keeps spinning for a while after its run and takes cores from the draft). Timing
+    pool spun after its run before docs/design.md §9's force_spinning_stop). Timing
     one-token passes alone gave the target 1 thread when its one-token step happened to
     gain under 15% from a second one, though its 9-token verification gained 1.5x
     (tokens/s fell by a third)."""
