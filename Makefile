@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 DEMO   ?= demo
 
-.PHONY: demo demo-pair bench test test-fast install clean
+.PHONY: demo demo-pair bench test test-fast durations install clean
 
 install: $(VENV)/.installed
 
@@ -40,14 +40,21 @@ bench: demo
 # Two workers (pytest-xdist), one test file each at a time: the exported bundles and tiny
 # models are built once per run and shared (tests/conftest.py); traces and bundles are kept
 # across runs by their inputs' hash in $SSD_TEST_CACHE (~/.cache/ssd-tests; SSD_TEST_CACHE=off
-# for a cold run, tests/export_cache.py). The 40 slowest tests are printed at the end.
+# for a cold run, tests/export_cache.py). The 40 slowest tests are printed at the end, and
+# every test's time goes to $(JUNIT) (`make durations` tabulates it per file).
+JUNIT ?= .pytest-junit.xml
 test: install
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=40
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=40 --junitxml=$(JUNIT)
 
 # The fast subset for every change: leaves out the tests marked slow (exports of every
 # architecture, Hugging Face references, Ray); `make test` runs everything.
 test-fast: install
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow" --durations=20
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow" --durations=20 \
+	    --junitxml=$(JUNIT)
+
+# The last run's per-file durations as the markdown table of CONTRIBUTING, and its slowest tests.
+durations:
+	$(BIN)/python tools/test_durations.py $(JUNIT) --tests 20
 
 clean:
 	rm -rf $(VENV) $(DEMO)
