@@ -43,6 +43,9 @@ SAMPLED = dict(temperature=0.8, top_p=0.95)
 # of an int8-activation target varies by with the rows beside it (docs/export.md), well above
 # the float kernels' differences measured here (docs/gpu.md, "aarch64").
 TIE = 0.08
+# the Linux arm64 HWCAP / HWCAP2 bits that decide ONNX Runtime's (MLAS, KleidiAI) kernels
+HWCAP = {"fphp": 9, "asimdhp": 10, "asimddp": 20, "sve": 22}
+HWCAP2 = {"sve2": 1, "i8mm": 13, "bf16": 14, "sme": 23}
 
 
 def cases(tokens: int) -> list[dict]:
@@ -109,9 +112,17 @@ def run(args: argparse.Namespace) -> None:
 
 def compare(args: argparse.Namespace) -> int:
     ref, other = (json.loads(p.read_text()) for p in (args.ref, args.other))
-    print(f"reference: {ref['machine']} ({ref['cpu']}), onnxruntime {ref['versions']['onnxruntime']}"
-          f"; other: {other['machine']} ({other['cpu']}), onnxruntime "
-          f"{other['versions']['onnxruntime']}; target {ref['target_quant']}")
+    for label, r in (("reference", ref), ("other", other)):
+        qemu = f", emulated by qemu as {r['qemu_cpu']}" if r.get("qemu_cpu") else ""
+        print(f"{label}: {r['machine']} ({r['cpu']}{qemu}), Python {r['python']}, "
+              + ", ".join(f"{d} {v}" for d, v in r["versions"].items())
+              + f"; target {r['target_quant']}")
+    for label, r in (("reference", ref), ("other", other)):
+        alone = {c["name"].replace(" k=0", ""): c["ids"][0] for c in r["cases"] if c["k"] == 0}
+        spec = [(c["name"].rsplit(" k=", 1)[0], c["ids"][0]) for c in r["cases"]
+                if c["how"] == "single" and c["k"] != 0]
+        same = sum(alone[name] == ids for name, ids in spec)
+        print(f"{label}: k=4 and auto give k=0's tokens in {same} of {len(spec)} single streams")
     if "logits" in ref and "logits" in other:
         a, b = np.asarray(ref["logits"]), np.asarray(other["logits"])     # (steps, vocab)
         delta, top2 = np.abs(a - b), np.sort(a, axis=1)[:, -2:]
@@ -181,17 +192,23 @@ def _trace(session, prompt: list[int], tokens: list[int]) -> np.ndarray:
 
 
 def _cpu() -> str:
+    """The x86 model name, or on aarch64 the features ONNX Runtime's kernels choose by: the
+    kernel's (or qemu's) HWCAP bits, which is what they read, not /proc/cpuinfo."""
+    if platform.machine() == "aarch64":
+        import ctypes
+
+        getauxval = ctypes.CDLL(None).getauxval
+        getauxval.restype = ctypes.c_ulong
+        hwcap, hwcap2 = getauxval(16), getauxval(26)        # AT_HWCAP, AT_HWCAP2
+        found = [name for name, bit in HWCAP.items() if hwcap >> bit & 1]
+        found += [name for name, bit in HWCAP2.items() if hwcap2 >> bit & 1]
+        return "HWCAP: " + " ".join(found)
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         return platform.processor() or "unknown"
-    for key in ("model name", "Features", "flags"):
-        found = [line.split(":", 1)[1].strip() for line in lines if line.startswith(key)]
-        if found and key == "model name":
-            return found[0]
-        if found:
-            return f"{key}: {found[0]}"
-    return "unknown"
+    return next((line.split(":", 1)[1].strip() for line in lines
+                 if line.startswith("model name")), "unknown")
 
 
 def main() -> None:
