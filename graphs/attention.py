@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .activations import softmax_with_sinks
 from .adapters import Adapter
 from .latent import latent_output, latent_qkv
 from .positions import Rope
@@ -194,15 +195,6 @@ def _ort_attention(attn, a: Adapter, heads: Heads, scaling: float, h, q, k, v, c
         heads.num_heads, heads.num_kv_heads, scaling, float(a.attn_softcap or 0.0), o.window,
         int(o.do_rotary))
     return _output(attn, a, out), cache_k, cache_v
-
-
-def softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
-    """Softmax over the last axis; `sinks` (broadcast to (..., 1)): one more logit per row that
-    takes no value, GPT-OSS's attention sinks (ONNX Runtime's head_sink)."""
-    if sinks is None:
-        return torch.softmax(scores, dim=-1)
-    sinks = sinks.expand(*scores.shape[:-1], 1)
-    return torch.softmax(torch.cat((scores, sinks), dim=-1), dim=-1)[..., :-1]
 
 
 def _output(attn: nn.Module, a: Adapter, out: torch.Tensor) -> torch.Tensor:

@@ -34,6 +34,8 @@ from .attention import (Heads, OrtAttention, attention, cache_positions, causal_
 from .moe import check_moe, cost_note, kernel_refusal, kernel_weights, moe, moe_block
 from .positions import Rope, alibi_bias, alibi_slopes, log_position_scale
 
+MASKED = -1e9        # a logit outside a draft's output vocabulary (ssd_export/loading.py)
+
 
 _KERNEL_WEIGHTS = ("fc1", "fc1_bias", "fc2", "fc2_bias")     # moe.kernel_weights, per layer
 
@@ -53,6 +55,7 @@ class Decoder(nn.Module):
         self.final_norm = get_path(model, a.final_norm)
         self.project_out = get_path(model, a.project_out)
         self.lm_head = get_path(model, a.lm_head)
+        self._init_output_vocab(model)
         # one Rope per distinct table; layer i uses ropes[rope_keys[i]] (None: no RoPE there)
         self.ropes, self.rope_keys = _ropes(model, a, len(self.layers))
         attn = [get_path(layer, a.attn) for layer in self.layers]
@@ -127,12 +130,38 @@ class Decoder(nn.Module):
             x = self.final_norm(x)
         if self.project_out is not None:
             x = self.project_out(x)
-        logits = self.lm_head(x).float()                            # (B, T, V)
+        if self.output_ids is not None:                             # (B, T, m)
+            logits = nn.functional.linear(x, self.output_weight, self.output_bias).float()
+        else:
+            logits = self.lm_head(x).float()                        # (B, T, V)
         if a.logit_scale != 1.0:
             logits = logits * a.logit_scale
         if a.logit_softcap is not None:
             logits = torch.tanh(logits / a.logit_softcap) * a.logit_softcap
+        if self.output_ids is not None:     # the other V - m logits: MASKED, so q = 0 there
+            full = logits.new_full((*logits.shape[:-1], self.vocab_size), MASKED)  # (B, T, V)
+            index = self.output_ids.expand(*logits.shape[:-1], -1)               # (B, T, m)
+            logits = full.scatter(-1, index, logits)
         return logits
+
+    def _init_output_vocab(self, model: nn.Module) -> None:
+        """A draft whose head covers only some ids (ssd-distill's `output_vocab.json`, read
+        by ssd_export.loading): the head's matrix keeps those rows, and the graph scatters its
+        m logits into the V the contract promises (docs/design.md §13).
+
+            x (B,T,H) ─ MatMul W[ids]ᵀ (H,m) ─ scale, cap ─ ScatterElements into V ─ logits
+        """
+        ids = getattr(model, "ssd_output_ids", None)
+        if ids is None:
+            self.output_ids = None
+            return
+        weight = self.lm_head.weight.detach()
+        self.vocab_size = int(weight.shape[0])
+        self.register_buffer("output_ids", ids.clone(), persistent=False)
+        self.output_weight = nn.Parameter(weight[ids].clone(), requires_grad=False)
+        bias = getattr(self.lm_head, "bias", None)
+        self.output_bias = None if bias is None else nn.Parameter(bias.detach()[ids].clone(),
+                                                                  requires_grad=False)
 
     def _q_scale(self, position_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
         scale = self.adapter.q_position_scale

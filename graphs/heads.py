@@ -10,7 +10,7 @@ logits to the host. Batch 1: inputs are (T, V) logits of one sequence.
     accept   logits (D+1,V), draft_tokens (D,), draft_probs (D,V), uniforms (D+1,),
              temperature, top_k, top_p                      -> accepted (1,), token (1,)
 
-Processing = temperature, top-k, top-p exactly as ssd_runtime.sampling does
+Processing = temperature, top-k, top-p exactly as ssd_runtime.round.sampling does
 (Hugging Face's warpers); acceptance = min(1, p/q), residual max(0, p-q).
 """
 from __future__ import annotations

@@ -13,6 +13,7 @@ import torch
 from ssd_runtime.errors import ConfigError
 from torch import nn
 
+from .activations import clamped_swiglu
 from .adapters import MoeSpec, get_path
 
 
@@ -234,15 +235,6 @@ def _experts(experts: nn.Module, spec: MoeSpec, x: torch.Tensor) -> torch.Tensor
                                                                                *spec.swiglu)
     y = torch.matmul(inner, w2 if transposed else w2.transpose(1, 2))        # (E, N, H)
     return y if bias2 is None else y + bias2[:, None, :]
-
-
-def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, alpha: float, beta: float,
-                   limit: float) -> torch.Tensor:
-    """g·σ(alpha·g)·(u + beta), g = clamp(gate, max=limit), u = clamp(up, ±limit) (GPT-OSS;
-    limit 0: no clamp, the MoE kernel's SwiGLU)."""
-    if limit:
-        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
-    return gate * torch.sigmoid(gate * alpha) * (up + beta)
 
 
 def _biases(experts: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:

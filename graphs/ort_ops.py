@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention import softmax_with_sinks
-from .moe import clamped_swiglu
+from .activations import clamped_swiglu, softmax_with_sinks
 
 _NEG = -1e30
 

@@ -13,8 +13,12 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    if name in ("Generator", "GenerationResult"):
-        from . import generator
+    if name == "Generator":
+        from .generator import Generator
 
-        return getattr(generator, name)
+        return Generator
+    if name == "GenerationResult":
+        from .request import GenerationResult
+
+        return GenerationResult
     raise AttributeError(f"module 'ssd_runtime' has no attribute {name!r}")

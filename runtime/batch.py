@@ -8,7 +8,7 @@
                 print(event.id, event.text, event.result)
 
 Each sequence owns one slot: its rows of both models' arenas and its own lengths, so
-rollback stays free per slot. A round is the single-sequence loop (loop.py) done for all
+rollback stays free per slot. A round is the single-sequence loop (round/loop.py) done for all
 running slots at once:
 
     prefill   at most PREFILL_BUDGET prompt tokens of newcomers, one slot at a time
@@ -29,22 +29,54 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Sequence
 
 import numpy as np
 
 from . import cache
-from .batch_cost import BatchCost, best_k, measure
 from .errors import ConfigError
-from .loop import Stats
-from .lookup import Lookup
-from .perf import Acceptance, lookup_beats
-from .text import TextStream
+from .request import GenerationResult, Request
+from .round.lookup import Lookup
+from .round.loop import Stats
+from .scheduler.batch_cost import BatchCost, best_k, measure
+from .scheduler.learning import Acceptance
+from .scheduler.schedule import lookup_beats
+from .text import TextCodec, TextStream
 
 if TYPE_CHECKING:
-    from .generator import GenerationResult, Generator, Request
+    from .backends.base import ModelSession
+    from .manifest import Manifest
 
 PREFILL_BUDGET = 256          # prompt tokens prefilled per round (a chunk; docs/design.md §11)
+
+
+class Owner(Protocol):
+    """What a batch uses of the generator whose KV slots it decodes in (generator.Generator,
+    which is built on this module): its sessions and settings, how it checks a request, what
+    it has learnt and measured (a batch reads and adds to both), and its lock."""
+
+    target: ModelSession
+    draft: ModelSession
+    manifest: Manifest
+    codec: TextCodec
+    backend: str
+    max_batch: int
+    recalibrate: bool
+    _batch_costs: dict[int, BatchCost]       # per batch size, kept across batches
+    _learnt: dict[str, Acceptance]           # per decoding kind, kept across calls
+
+    def request(self, prompt: str | Sequence[int], max_new_tokens: int, k: int | str,
+                **settings: Any) -> Request: ...
+
+    def learnt(self, kind: str) -> Acceptance: ...
+
+    def prior(self) -> Acceptance: ...
+
+    def measurement_key(self, what: str, **more: Any) -> dict[str, Any] | None: ...
+
+    def _check(self, k: int | str, max_new_tokens: int, stop: Sequence[str] | None) -> None: ...
+
+    def _release_batch(self, batch: Batch) -> None: ...
 
 
 @dataclass
@@ -87,7 +119,7 @@ class Batch:
     """Continuous batching over `generator`'s slots: sequences join (add) and leave (they end,
     or cancel) between rounds; `step` runs one round. Not thread-safe: one thread drives it."""
 
-    def __init__(self, generator: Generator, k: int | Literal["auto"] = "auto",
+    def __init__(self, generator: Owner, k: int | Literal["auto"] = "auto",
                  slots: int | None = None) -> None:
         generator._check(k, 1, None)
         slots = generator.max_batch if slots is None else slots
@@ -256,7 +288,7 @@ class Batch:
             if seq.k and seq.lookup is not None:      # a continuation found earlier: free
                 found, seq.matched = seq.lookup.find(seq.seq, seq.k)
                 # taken where its first token is as likely to pass as a model token (as a
-                # fixed k alone: perf.lookup_beats)
+                # fixed k alone: schedule.lookup_beats)
                 if found and seq.req.source != "lookup" and \
                         not lookup_beats(seq.lookup_learnt, seq.acceptance, seq.matched):
                     found = []
@@ -407,8 +439,6 @@ class Batch:
 
     def _finish(self, seq: _Sequence, reason: str) -> tuple[GenerationResult, str]:
         """Free the slot and close the sequence's text: its result and the text held back."""
-        from .generator import GenerationResult
-
         if seq.slot >= 0 and self.slots[seq.slot] is seq:
             self.slots[seq.slot] = None
         tail = seq.text.flush()

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .backends import cpu_cores
 from .errors import ConfigError, cli_main
-from .lookup import DRAFT_SOURCES
-from .perf import CostModel, calibrate, expected_tokens
+from .machine import cpu_cores
+from .round.lookup import DRAFT_SOURCES
+from .scheduler.calibration import calibrate
+from .scheduler.cost import CostModel, expected_tokens
 
 
 @dataclass(frozen=True)

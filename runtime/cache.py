@@ -12,12 +12,12 @@ import os
 import platform
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
-if TYPE_CHECKING:
-    from .manifest import Manifest
+from .machine import cpu_cores, cpu_model
 
-VERSION = 1                   # of the files below; another version's files are ignored
+VERSION = 2                   # of the files below; another version's files are ignored
+# (2: sessions stop spinning when a run returns, docs/design.md §9: older timings are stale)
 ENV = "SSD_CACHE_DIR"         # where the cache lives (default $XDG_CACHE_HOME/ssd, ~/.cache/ssd)
 # A file is remembered as checked only once its last change is this far in the past, by the
 # file system's clock: a write in the same clock tick as the check (ticks of a few ms, 2 s on
@@ -74,14 +74,12 @@ def remember_checked(path: Path, stat: Stat, sha256: str) -> None:
 
 # -- measurements ---------------------------------------------------------------------------
 
-def measurement_key(manifest: Manifest, what: str, **more: Any) -> dict[str, Any]:
-    """What a timing depends on: the bundle (its manifest's digest, which holds every file's
-    sha256), this machine (CPU model, cores it may use), ONNX Runtime's version, and `more`."""
+def measurement_key(bundle: str, what: str, **more: Any) -> dict[str, Any]:
+    """What a timing depends on: the bundle (its manifest's digest, Manifest.digest, which
+    holds every file's sha256), this machine (CPU model, cores it may use), ONNX Runtime's
+    version, and `more`."""
     import onnxruntime as ort
 
-    from .backends import cpu_cores
-
-    bundle = hashlib.sha256(json.dumps(manifest.to_dict(), sort_keys=True).encode()).hexdigest()
     return _plain({"what": what, "bundle": bundle, "cpu": cpu_model(), "cores": cpu_cores(),
                    "machine": platform.machine(), "onnxruntime": ort.__version__, **more})
 
@@ -116,18 +114,6 @@ def remembered(key: dict[str, Any] | None, measure: Callable[[], T],
     if key is not None:
         remember(key, record(value))
     return value
-
-
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo on Linux), else what the platform says."""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith(("model name", "Model", "CPU part")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 # -- files ----------------------------------------------------------------------------------

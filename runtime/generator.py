@@ -7,54 +7,32 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Literal, Sequence
+from typing import Any, Iterator, Literal, Sequence
 
 from . import cache
-from .acceptance import make_rule
 from .backends import Threads, open_backend
 from .backends.select import CUDA_PROVIDER
-from .drafting import SequentialDrafter, SplitDrafter
+from .batch import Batch
 from .errors import ConfigError
-from .heads import HeadSessions
-from .lookup import DRAFT_SOURCES, Lookup
-
-if TYPE_CHECKING:
-    from .batch import Batch
-from .loop import Stats, decode
-from .perf import Acceptance, AdaptiveK, CostModel, FixedK, RoundTimes, calibrate
 from .manifest import Manifest, read_manifest
-from .sampling import SamplingParams
+from .request import GenerationResult, Mode, Request
+from .round.acceptance import GreedyAcceptance, InvariantSampling, SamplingAcceptance
+from .round.drafting import SequentialDrafter, SplitDrafter
+from .round.heads import FusedGreedyAcceptance, FusedSamplingAcceptance, HeadSessions
+from .round.lookup import DRAFT_SOURCES, Lookup
+from .round.loop import Stats, decode
+from .round.processors import Processors
+from .round.rules import Rule
+from .round.sampling import SamplingParams
+from .scheduler.batch_cost import BatchCost
+from .scheduler.calibration import calibrate
+from .scheduler.cost import CostModel
+from .scheduler.learning import Acceptance
+from .scheduler.schedule import AdaptiveK, FixedK, RoundTimes
 from .text import TextCodec, TextStream
 
-
-Mode = Literal["sequential", "split"]
 DRAFTERS = {"sequential": SequentialDrafter, "split": SplitDrafter}
-
-
-@dataclass
-class GenerationResult:
-    token_ids: list[int]      # generated ids only, not the prompt
-    text: str
-    stop_reason: str          # "eos" | "length" | "context" | "stop" | "error" (batches only)
-    stats: Stats
-    error: str | None = None  # generate_batch: why this prompt was refused (the others ran)
-
-
-@dataclass
-class Request:
-    """One sequence to decode: its prompt ids, rule and settings, checked (Generator.request)."""
-
-    ids: list[int]
-    rule: Any                 # acceptance.GreedyAcceptance | SamplingAcceptance | ...
-    eos_ids: set[int]
-    max_new_tokens: int
-    k: int | str
-    stop: list[str]
-    mode: Mode
-    kind: str                 # "greedy" | "sampled" | "invariant": what acceptance is learnt for
-    source: str = "fused"     # lookup.DRAFT_SOURCES: who drafts
 
 
 class Generator:
@@ -82,7 +60,7 @@ class Generator:
         self._learnt: dict[str, Acceptance] = {}     # k="auto": what earlier calls saw
         self._times: dict[str, RoundTimes] = {}      # ... and how long their rounds took, by mode
         self._busy = threading.Lock()                # held while a sequence decodes
-        self._batch_costs: dict[int, CostModel] = {}  # batch.py: a CostModel per batch size
+        self._batch_costs: dict[int, BatchCost] = {}  # batch.py: a BatchCost per batch size
 
     @classmethod
     def load(cls, bundle: str | Path, backend: str = "auto", threads: Threads = None,
@@ -184,8 +162,6 @@ class Generator:
         """A batch over `slots` (default: all max_batch) of this generator's slots (batch.py):
         add sequences, step rounds. It holds the generator (like a stream) until closed; use
         it as a context."""
-        from .batch import Batch
-
         self._take("a batch")
         try:
             return Batch(self, k, slots)
@@ -338,7 +314,7 @@ class Generator:
         on an H200), and the key would have to name the GPU."""
         if self.backend != "cpu":
             return None
-        return cache.measurement_key(self.manifest, what, backend=self.backend,
+        return cache.measurement_key(self.manifest.digest(), what, backend=self.backend,
                                      threads=[self.target.threads, self.draft.threads], **more)
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
@@ -375,6 +351,22 @@ class Generator:
         if stop is not None and (isinstance(stop, str) or
                                  not all(isinstance(s, str) for s in stop)):
             raise ConfigError(f"stop={stop!r} must be a list of strings.")
+
+
+def make_rule(params: SamplingParams, heads: HeadSessions | None = None,
+              prompt: list[int] = (), vocab: int = 0, eos_ids: set[int] = frozenset()) -> Rule:
+    """The host rule, or the same rule on the bundle's ONNX heads when `heads` is given (the
+    heads have no logits processors and no invariant coupling: with penalties, a bias, a
+    minimum length or a seeded invariant run the host decides)."""
+    if heads is None or params.processed or params.invariant:
+        processors = Processors(params, list(prompt), vocab, eos_ids) if params.processed \
+            else None
+        if params.greedy:
+            return GreedyAcceptance(processors)
+        if params.invariant:
+            return InvariantSampling(params, processors, vocab)
+        return SamplingAcceptance(params, processors)
+    return FusedGreedyAcceptance(heads) if params.greedy else FusedSamplingAcceptance(heads, params)
 
 
 def _checked_batch(max_batch: int, manifest: Manifest) -> int:

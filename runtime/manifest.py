@@ -147,6 +147,11 @@ class Manifest:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def digest(self) -> str:
+        """sha256 of the manifest, which holds every file's sha256: the bundle a remembered
+        timing was measured on (cache.measurement_key)."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = MANIFEST_NAME) -> Manifest:
         if data.get("format") != FORMAT:

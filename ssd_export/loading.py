@@ -55,19 +55,59 @@ def load_model(source: str, role: str, dtype: str) -> LoadedModel:
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=getattr(torch, dtype), attn_implementation="eager")
     except Exception as exc:
-        raise ConfigError(f"{role} model {source!r} failed to load: {_described(exc)}. ---> "
+        raise ConfigError(f"{role} model {source!r} failed to load: {described(exc)}. ---> "
                           f"HINT: check that its weight files are complete (an interrupted "
                           f"download or copy leaves them short).") from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
     except Exception as exc:
         raise ConfigError(f"{role} model {source!r} has no usable tokenizer: "
-                          f"{_described(exc)}") from None
+                          f"{described(exc)}") from None
     if not getattr(tokenizer, "is_fast", False):
         raise ConfigError(f"{role} tokenizer of {source!r} is not a fast tokenizer (no "
                           f"tokenizer.json); the runtime needs one. ---> HINT: save it with "
                           f"AutoTokenizer.from_pretrained(..., use_fast=True).save_pretrained().")
+    if role == "draft":
+        restrict_output(model, source)
     return LoadedModel(role, source, model.eval(), tokenizer, type(model).__name__)
+
+
+OUTPUT_VOCAB = "output_vocab.json"      # written by ssd-distill (ssd_distill/student.py)
+
+
+def restrict_output(model: Any, source: str) -> None:
+    """A draft folder's `output_vocab.json` (ids the draft may propose) becomes
+    `model.ssd_output_ids`, which the traced head computes alone (graphs/decoder.py), and a
+    forward hook that gives the Hugging Face model the same logits (MASKED elsewhere), so that
+    parity compares like with like. q = 0 outside the ids: the target's verification still
+    decides every token, so decoding stays exact (docs/design.md §13)."""
+    import json
+
+    import torch
+    from ssd_graphs.decoder import MASKED
+
+    path = Path(source).expanduser() / OUTPUT_VOCAB
+    if not path.is_file():
+        return
+    vocab = int(model.config.vocab_size)
+    try:
+        ids = json.loads(path.read_text())["ids"]
+        ok = isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids)
+    except (OSError, ValueError, KeyError, TypeError):
+        ok = False
+    if not ok or len(set(ids)) != len(ids) or not all(0 <= i < vocab for i in ids):
+        raise ConfigError(f"draft {OUTPUT_VOCAB} in {source!r} is not a list of distinct token "
+                          f"ids below the vocabulary size {vocab}. ---> HINT: remake the draft "
+                          f"with ssd-distill, or delete the file to use the whole vocabulary.")
+    keep = torch.zeros(vocab, dtype=torch.bool)
+    keep[torch.tensor(ids)] = True
+    model.ssd_output_ids = torch.tensor(sorted(ids))
+
+    def mask(module, args, output):
+        output.logits = output.logits.masked_fill(~keep, MASKED)
+        return output
+
+    model.register_forward_hook(mask)
 
 
 def _check_exists(source: str, role: str) -> None:
@@ -88,7 +128,7 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def _described(exc: Exception) -> str:
+def described(exc: Exception) -> str:
     """OSError and ValueError say what they are; others get their type's name (KeyError's
     text alone is just the missing key)."""
     line = _first_line(exc)

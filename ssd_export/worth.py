@@ -10,11 +10,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ssd_runtime.backends import cpu_cores, open_backend
+from ssd_runtime.backends import open_backend
 from ssd_runtime.backends.base import ModelSession
 from ssd_runtime.errors import BackendError, ConfigError
+from ssd_runtime.machine import cpu_cores
 from ssd_runtime.manifest import Manifest
-from ssd_runtime.perf import CostModel, calibrate
+from ssd_runtime.scheduler.calibration import calibrate
+from ssd_runtime.scheduler.cost import CostModel
 
 from .parity import ort_errors
 from .qtarget import heldout_ids

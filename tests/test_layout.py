@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("runtime", "graphs", "ssd_export")
+PACKAGES = ("runtime", "graphs", "ssd_export", "ssd_distill")
 
 
 def imports() -> list[tuple[str, str, str]]:

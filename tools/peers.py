@@ -231,7 +231,7 @@ def _quantized(**precisions: str) -> str:
 
 def ours_variants(bundle: Path, threads: int, ks: list[int | str]) -> list[Variant]:
     from ssd_runtime import Generator
-    from ssd_runtime.backends import cpu_cores
+    from ssd_runtime.machine import cpu_cores
 
     # The same thread budget as the other peers; within it, what the runtime does by default:
     # with every core allowed it picks each model's count itself (here target 2, draft 1).

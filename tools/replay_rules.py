@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ssd_runtime import Generator
     from ssd_runtime.bench import load_prompts
-    from ssd_runtime.perf import AdaptiveK, FixedK, RoundTimes, top_probability
+    from ssd_runtime.scheduler.schedule import AdaptiveK, FixedK, RoundTimes, top_probability
 
     gen = Generator.load(args.bundle, backend="cpu",
                          threads=tuple(int(t) for t in args.threads.split(":")))

@@ -11,7 +11,6 @@ it takes longer than the rest of a load; `recalibrate` times it again.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
@@ -20,6 +19,7 @@ import numpy as np
 
 from .. import cache
 from ..errors import BackendError, ConfigError
+from ..machine import cpu_cores
 from ..manifest import Manifest, ModelEntry
 from .base import ModelSession
 from .select import Facts, Plan, describe, plan
@@ -35,13 +35,6 @@ class Opened:
     backend: str          # "cpu" | "cuda" | "trt": the target's
     reason: str           # why this backend, e.g. "cpu (auto): TensorRT: not installed; ..."
     draft_backend: str = ""   # the draft's, where it differs (a CPU draft beside a GPU target)
-
-
-def cpu_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def open_backend(root: Path, manifest: Manifest, backend: str = "auto",
@@ -129,7 +122,7 @@ def _open_cpu(root: Path, manifest: Manifest, placement, _: Plan, mode: str, max
     cores = cpu_cores()
     split = mode == "split"                 # the draft's thread runs beside the target's
     timed = placement == (None, None)
-    key = cache.measurement_key(manifest, "threads", mode=mode) if timed else None
+    key = cache.measurement_key(manifest.digest(), "threads", mode=mode) if timed else None
     if timed and not recalibrate:
         placement = cache.recall(key, lambda counts: _counts(counts, cores)) or placement
     target = _open(root, manifest, "target", manifest.target, placement[0],
@@ -233,7 +226,7 @@ def _fastest(candidates: list[ModelSession], beside: ModelSession | None,
     passes of `lengths` new tokens (each round times one pass of each): fewer threads leave
     cores to the other model and to split mode. Timed interleaved, and for the draft right
     after a pass of `beside_len` tokens of the target, as in the loop (the target's thread
-    pool keeps spinning for a while after its run and takes cores from the draft). Timing
+    pool spun after its run before docs/design.md §9's force_spinning_stop). Timing
     one-token passes alone gave the target 1 thread when its one-token step happened to
     gain under 15% from a second one, though its 9-token verification gained 1.5x
     (tokens/s fell by a third)."""

@@ -16,12 +16,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..batch_cost import choose_slots
 from ..errors import SsdError
 from ..generator import Generator
 from .chat import ChatTemplate
 from .config import ServeConfig, resolve_k
-from .batching import BatchEngine
+from .batching import BatchEngine, choose_slots
 from .engine import ClientGone, Engine, Ticket
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import (ApiError, ChatCompletionRequest, CompletionRequest, Sampling, chunk_body,

@@ -27,7 +27,8 @@ from .metrics import Metrics
 from .protocol import ApiError
 
 if TYPE_CHECKING:
-    from ..generator import GenerationResult, Generator
+    from ..generator import Generator
+    from ..request import GenerationResult
 
 log = logging.getLogger("ssd_runtime.serve")
 
@@ -51,6 +52,23 @@ class BatchTicket:
     last_piece: float | None = None
     admitted: float | None = None
     finished: bool = False
+
+
+def choose_slots(generator: Generator, k: int | str = 0, gain: float = 1.1) -> int:
+    """How many sequences to decode together: double the batch while a round of one-token
+    steps for all of them serves at least `gain` times the tokens per second of half as many
+    (measured); past that, more slots add latency, not throughput. 1 where the generator
+    has one slot."""
+    if generator.max_batch == 1:
+        return 1
+    with generator.batch(k) as batch:
+        rows, best = 1, 1 / batch.cost(1).verify_time(1)
+        while rows * 2 <= generator.max_batch:
+            rate = rows * 2 / batch.cost(rows * 2).verify_time(1)
+            if rate < gain * best:
+                break
+            rows, best = rows * 2, rate
+    return rows
 
 
 class _Depth:

@@ -22,7 +22,8 @@ from .metrics import Metrics
 from .protocol import ApiError
 
 if TYPE_CHECKING:
-    from ..generator import GenerationResult, Generator
+    from ..generator import Generator
+    from ..request import GenerationResult
 
 POLL_S = 0.25                     # how often a waiting non-streamed request checks its client
 

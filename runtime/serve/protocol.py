@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..errors import SsdError
 
 if TYPE_CHECKING:
-    from ..generator import GenerationResult
+    from ..request import GenerationResult
 
 FINISH_REASON = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
 MAX_STOPS = 4                                 # as the OpenAI API

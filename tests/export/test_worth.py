@@ -14,7 +14,7 @@ from ssd_export import ExportConfig, export_bundle
 from ssd_export.worth import PAYS
 from ssd_runtime.errors import BundleError
 from ssd_runtime.manifest import SCHEMA_VERSION, read_manifest
-from ssd_runtime.perf import expected_tokens
+from ssd_runtime.scheduler.cost import expected_tokens
 
 DEFAULT_TEXT = "the Python standard library's docstrings"
 

@@ -6,8 +6,8 @@ import onnxruntime as ort
 import pytest
 
 from ssd_graphs.heads import accept_head, argmax_head, sample_head
-from ssd_runtime.acceptance import SamplingAcceptance
-from ssd_runtime.sampling import SamplingParams, probabilities, sample
+from ssd_runtime.round.acceptance import SamplingAcceptance
+from ssd_runtime.round.sampling import SamplingParams, probabilities, sample
 
 
 def session(model):

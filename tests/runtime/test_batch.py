@@ -210,8 +210,8 @@ def test_batch_cost_model_prices_each_batch_size(bundle_factory):
     """k under load: the draft step and verification are measured per batch size, the
     chosen k maximises the batch's expected tokens per second, and falls to 0 when a draft
     step costs as much as a verification (speculation no longer pays)."""
-    from ssd_runtime.batch_cost import BatchCost
-    from ssd_runtime.perf import Acceptance
+    from ssd_runtime.scheduler.batch_cost import BatchCost
+    from ssd_runtime.scheduler.learning import Acceptance
 
     gen = Generator.load(bundle_factory("llama", "llama_cut"), max_batch=4, threads=1)
     with gen.batch() as batch:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ssd_runtime.bench import main, split_against_sequential
-from ssd_runtime.perf import expected_tokens
+from ssd_runtime.scheduler.cost import expected_tokens
 
 
 def test_bench_report(bundle_factory, tmp_path, capsys):

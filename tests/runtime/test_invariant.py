@@ -13,7 +13,7 @@ import pytest
 from scipy.stats import chisquare
 
 from ssd_runtime import Generator
-from ssd_runtime.sampling import GumbelNoise, gumbel_pick
+from ssd_runtime.round.sampling import GumbelNoise, gumbel_pick
 
 PROMPT = [0, 5, 6, 7]
 SETTINGS = [dict(temperature=1.0), dict(temperature=0.7, top_k=8, top_p=0.9),

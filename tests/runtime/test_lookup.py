@@ -1,4 +1,4 @@
-"""Lookup drafts (runtime/lookup.py, docs/design.md §6.1): continuations found earlier in the
+"""Lookup drafts (runtime/round/lookup.py, docs/design.md §6.1): continuations found earlier in the
 sequence, alone or fused with the draft model, leave every output exactly the target's."""
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ import pytest
 from test_sampling import EOS, chi_square_p, hf_processed, joint_of
 
 from ssd_runtime import ConfigError, Generator
-from ssd_runtime.acceptance import SamplingAcceptance
-from ssd_runtime.drafting import SequentialDrafter
-from ssd_runtime.lookup import Lookup
-from ssd_runtime.loop import Stats, decode
-from ssd_runtime.perf import Acceptance, AdaptiveK, CostModel, FixedK
-from ssd_runtime.sampling import SamplingParams, probabilities
+from ssd_runtime.round.acceptance import SamplingAcceptance
+from ssd_runtime.round.drafting import SequentialDrafter
+from ssd_runtime.round.lookup import Lookup
+from ssd_runtime.round.loop import Stats, decode
+from ssd_runtime.round.sampling import SamplingParams, probabilities
+from ssd_runtime.scheduler.cost import CostModel
+from ssd_runtime.scheduler.learning import Acceptance
+from ssd_runtime.scheduler.schedule import AdaptiveK, FixedK
 
 # repeats itself: the suffix [5, 6] was seen before, followed by 7, 8, 5, 6
 LOOPED = [0, 5, 6, 7, 8, 5, 6]

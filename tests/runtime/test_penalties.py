@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from ssd_runtime import Generator
-from ssd_runtime.processors import Processors
-from ssd_runtime.sampling import SamplingParams
+from ssd_runtime.round.processors import Processors
+from ssd_runtime.round.sampling import SamplingParams
 
 PROMPT = [0, 17, 42, 99, 17, 5]
 NEW = 48

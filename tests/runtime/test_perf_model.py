@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from ssd_runtime import Generator
-from ssd_runtime.perf import (Acceptance, AdaptiveK, CostModel, RoundTimes, expected_tokens,
-                              top_probability)
+from ssd_runtime.scheduler.cost import CostModel, expected_tokens
+from ssd_runtime.scheduler.learning import Acceptance
+from ssd_runtime.scheduler.schedule import AdaptiveK, RoundTimes, top_probability
 
 
 def gpu_like() -> CostModel:      # v(k) ≈ 1, a cheap draft
@@ -210,7 +211,7 @@ def test_median_of_calibrations_takes_each_time_apart_and_keeps_verify_monotone(
 def test_a_plan_that_drafts_nothing_probes_with_growing_waits():
     """α is not measured while nothing is drafted: a probe of PROBE tokens every PROBE_EVERY
     rounds, the wait doubling after each probe with nothing accepted, reset by a hit."""
-    from ssd_runtime.perf import PROBE, PROBE_EVERY
+    from ssd_runtime.scheduler.learning import PROBE, PROBE_EVERY
 
     sched = AdaptiveK(cpu_like(), 8, Acceptance.starting_at(0.02))
     probes, rounds = [], 0

@@ -11,11 +11,11 @@ import pytest
 from scipy.stats import chisquare
 
 from ssd_runtime import ConfigError, Generator
-from ssd_runtime.acceptance import InvariantSampling, SamplingAcceptance
-from ssd_runtime.drafting import SequentialDrafter
-from ssd_runtime.loop import Stats, decode
-from ssd_runtime.perf import FixedK
-from ssd_runtime.sampling import SamplingParams, probabilities
+from ssd_runtime.round.acceptance import InvariantSampling, SamplingAcceptance
+from ssd_runtime.round.drafting import SequentialDrafter
+from ssd_runtime.round.loop import Stats, decode
+from ssd_runtime.round.sampling import SamplingParams, probabilities
+from ssd_runtime.scheduler.schedule import FixedK
 
 PROMPT = [0, 5, 6, 7]
 EOS = 1

@@ -51,7 +51,7 @@ def test_unknown_mode(bundle_factory):
 def test_loaded_for_split_leaves_the_draft_a_core(bundle_factory):
     """threads=None chooses per mode: in split mode the draft's thread has a core of its own
     and generate() runs split unless told otherwise, with the sequential mode's tokens."""
-    from ssd_runtime.backends import cpu_cores
+    from ssd_runtime.machine import cpu_cores
 
     bundle = bundle_factory("llama", "llama_cut")
     gen = Generator.load(bundle, mode="split")

@@ -5,10 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ssd_runtime.acceptance import GreedyAcceptance
-from ssd_runtime.drafting import SequentialDrafter, SplitDrafter
-from ssd_runtime.loop import Stats, decode
-from ssd_runtime.perf import Acceptance, AdaptiveK, CostModel
+from ssd_runtime.round.acceptance import GreedyAcceptance
+from ssd_runtime.round.drafting import SequentialDrafter, SplitDrafter
+from ssd_runtime.round.loop import Stats, decode
+from ssd_runtime.scheduler.cost import CostModel
+from ssd_runtime.scheduler.learning import Acceptance
+from ssd_runtime.scheduler.schedule import AdaptiveK
 
 VOCAB = 16
 

@@ -12,11 +12,36 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Protocol
 
 import numpy as np
 
-from .backends.base import ModelSession
+from ..backends.base import ModelSession
 from .lookup import Lookup
+from .rules import Rule
+
+
+class Schedule(Protocol):
+    """What the drafters and the loop ask of a schedule (schedule.FixedK, AdaptiveK, built on
+    this round; docs/design.md §4): the round's k, lookup's share of it, whether to keep
+    drafting, and what the round came to."""
+
+    @property
+    def uses_draft(self) -> bool: ...
+
+    @property
+    def model_cap(self) -> int: ...
+
+    def next_k(self) -> int: ...
+
+    def take_lookup(self, matched: int, found: int, k: int) -> int: ...
+
+    def extend_lookup(self, taken: int, k: int) -> bool: ...
+
+    def keep_drafting(self, drafted: int, logits: np.ndarray,
+                      top: tuple[int, float] | None = None) -> bool: ...
+
+    def observe(self, drafted: int, accepted: int, seconds: float | None = None) -> None: ...
 
 
 class SequentialDrafter:
@@ -26,7 +51,7 @@ class SequentialDrafter:
     target may emit one, as Hugging Face's generate does) reaches the draft as id 0, which
     only costs acceptance."""
 
-    def __init__(self, draft: ModelSession, rule, schedule,
+    def __init__(self, draft: ModelSession, rule: Rule, schedule: Schedule,
                  vocab: tuple[int, int] | None = None, lookup: Lookup | None = None) -> None:
         self.draft, self.rule, self.schedule, self.lookup = draft, rule, schedule, lookup
         self.draft_len = 0                     # rows of valid keys/values in the draft's cache
@@ -109,7 +134,7 @@ class SequentialDrafter:
 
 
 class SplitDrafter(SequentialDrafter):
-    def __init__(self, draft: ModelSession, rule, schedule,
+    def __init__(self, draft: ModelSession, rule: Rule, schedule: Schedule,
                  vocab: tuple[int, int] | None = None, lookup: Lookup | None = None) -> None:
         super().__init__(draft, rule, schedule, vocab, lookup)
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="ssd-draft")

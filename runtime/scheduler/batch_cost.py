@@ -14,11 +14,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .perf import expected_tokens
+from .cost import expected_tokens
 
 if TYPE_CHECKING:
-    from .backends.base import ModelSession
-    from .generator import Generator
+    from ..backends.base import ModelSession
 
 PROBE_LENGTHS = (1, 2, 3, 5, 9, 17)    # verification lengths timed per batch size
 
@@ -93,20 +92,3 @@ def measure(target: ModelSession, draft: ModelSession, rows: int, target_past: n
     times = np.maximum.accumulate([float(np.median(verify[t])) for t in lengths])
     return BatchCost(rows, float(np.median(drafts)) if drafts else 0.0,
                      tuple(zip(lengths, map(float, times))))
-
-
-def choose_slots(generator: Generator, k: int | str = 0, gain: float = 1.1) -> int:
-    """How many sequences to decode together: double the batch while a round of one-token
-    steps for all of them serves at least `gain` times the tokens per second of half as many
-    (measured); past that, more slots add latency, not throughput. 1 where the generator
-    has one slot."""
-    if generator.max_batch == 1:
-        return 1
-    with generator.batch(k) as batch:
-        rows, best = 1, 1 / batch.cost(1).verify_time(1)
-        while rows * 2 <= generator.max_batch:
-            rate = rows * 2 / batch.cost(rows * 2).verify_time(1)
-            if rate < gain * best:
-                break
-            rows, best = rows * 2, rate
-    return rows

@@ -12,10 +12,9 @@ from typing import Iterator
 
 import numpy as np
 
-from .acceptance import GreedyAcceptance, SamplingAcceptance
-from .backends.base import ModelSession
-from .drafting import SequentialDrafter
-from .perf import AdaptiveK, FixedK
+from ..backends.base import ModelSession
+from .drafting import Schedule, SequentialDrafter
+from .rules import Rule
 
 
 @dataclass
@@ -76,8 +75,8 @@ class Stats:
 
 
 def decode(target: ModelSession, drafter: SequentialDrafter,
-           rule: GreedyAcceptance | SamplingAcceptance, prompt: list[int], max_new_tokens: int,
-           schedule: FixedK | AdaptiveK, eos_ids: set[int], stats: Stats) -> Iterator[list[int]]:
+           rule: Rule, prompt: list[int], max_new_tokens: int,
+           schedule: Schedule, eos_ids: set[int], stats: Stats) -> Iterator[list[int]]:
     """Yield the tokens of each round until EOS, max_new_tokens or the context end.
 
     A consumer may stop early (close the generator); the stats stay consistent.

@@ -1,133 +1,17 @@
-"""The performance model of docs/design.md §6 and the adaptive-k scheduler built on it.
-
-    speed-up(k) = (1 - α^(k+1)) / (1 - α)  /  (c₁ + (k-1)·c + v(k))
-
-c = draft step / target step, v(k) = verify of k+1 tokens / target step, both
-measured once by `calibrate`; α is tracked online from accepted counts. c₁ prices
-the first draft step of a round apart: it runs right after the target's pass, on
-caches the target has just filled, and measures up to twice c on CPUs (with c₁ = c
-this is the first design's k·c + v(k); docs/design.md §6).
+"""Schedules: how many tokens each round drafts, and from which source (docs/design.md §4,
+§6, §6.1). `FixedK` drafts k every round; `AdaptiveK` the k that maximises expected tokens
+per second under the cost model (cost.py) and what it learns (learning.py), and stops
+drafting early where more tokens are not worth their time.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from time import perf_counter
 
 import numpy as np
 
-from .backends.base import ModelSession
-
-
-@dataclass(frozen=True)
-class CostModel:
-    target_step: float            # seconds for one target token (new_len = 1)
-    draft_step: float             # seconds for a draft step after the round's first
-    verify: tuple[float, ...]     # verify[k]: seconds for k+1 target tokens, k = 0..max_draft
-    draft_first: float | None = None   # seconds for a round's first draft step (None: draft_step)
-
-    @property
-    def c(self) -> float:
-        return self.draft_step / self.target_step
-
-    @property
-    def c_first(self) -> float:
-        return (self.draft_step if self.draft_first is None else self.draft_first) / self.target_step
-
-    def v(self, k: int) -> float:
-        return self.verify[k] / self.target_step
-
-    def round_cost(self, k: int) -> float:
-        """One round drafting k tokens, in target steps: c₁ + (k-1)·c + v(k)."""
-        return (self.c_first + (k - 1) * self.c if k else 0.0) + self.v(k)
-
-    def speedup(self, alpha: float, k: int) -> float:
-        """Expected tokens per unit time at draft length k, relative to k = 0."""
-        return expected_tokens(alpha, k) / self.round_cost(k) * self.v(0)
-
-    @classmethod
-    def median(cls, models: Sequence[CostModel]) -> CostModel:
-        """Each time the median of several calibrations' (a noisy machine's state moves)."""
-        def mid(values) -> float:
-            return float(np.median(list(values)))
-
-        verify = [mid(m.verify[k] for m in models) for k in range(len(models[0].verify))]
-        return cls(target_step=mid(m.target_step for m in models),
-                   draft_step=mid(m.draft_step for m in models),
-                   verify=_rising(verify),
-                   draft_first=mid(m.c_first * m.target_step for m in models))
-
-    def record(self) -> dict:
-        """As remembered on disk (cache.py), in seconds."""
-        return {"target_step": self.target_step, "draft_step": self.draft_step,
-                "verify": list(self.verify), "draft_first": self.draft_first}
-
-    @classmethod
-    def from_record(cls, data: dict, max_draft: int) -> CostModel:
-        """A remembered calibration, checked: ValueError unless every time is a positive
-        number and there is one verify time per k = 0..max_draft."""
-        first = data["draft_first"]
-        cost = cls(float(data["target_step"]), float(data["draft_step"]),
-                   tuple(float(v) for v in data["verify"]), None if first is None else float(first))
-        times = [cost.target_step, cost.draft_step, *cost.verify, cost.c_first]
-        if len(cost.verify) != max_draft + 1 or not all(0 < t < float("inf") for t in times):
-            raise ValueError(f"calibration {data!r}")
-        return cost
-
-    def as_dict(self) -> dict:
-        return {"target_step_ms": self.target_step * 1e3, "draft_step_ms": self.draft_step * 1e3,
-                "draft_first_ms": self.c_first * self.target_step * 1e3, "c": self.c,
-                "c_first": self.c_first, "v": [self.v(k) for k in range(len(self.verify))]}
-
-
-def _rising(verify: Sequence[float]) -> tuple[float, ...]:
-    """Verify times never decrease with k: a dip is measurement noise, smoothed away."""
-    return tuple(float(v) for v in np.maximum.accumulate(verify))
-
-
-def _clipped(ratio: float) -> float:
-    """A round counts at most 25% over or 20% under what was expected of it (RoundTimes)."""
-    return min(max(ratio, 0.8), 1.25)
-
-
-def expected_tokens(alpha: float, k: int) -> float:
-    """Tokens one round emits on average: 1 + α + … + α^k."""
-    if alpha >= 1.0:
-        return k + 1.0
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-
-
-def calibrate(target: ModelSession, draft: ModelSession, max_draft: int, past_len: int = 128,
-              repeats: int = 9) -> CostModel:
-    """Median times of draft steps and of target passes of 1..max_draft+1 tokens.
-
-    Timed in the loop's own pattern — k draft steps, then a verify of k+1 tokens — so
-    that each model pays the cold caches and thread wake-ups it pays in real rounds;
-    timed back to back, a small draft looks several times cheaper than it is.
-    """
-    past_len = min(past_len, target.max_context - max_draft - 2)
-    target.prefill(np.zeros(past_len, np.int64))
-    draft.prefill(np.zeros(past_len, np.int64))
-    one = np.zeros(1, np.int64)
-    verify_times: list[list[float]] = [[] for _ in range(max_draft + 1)]
-    first_times: list[float] = []                      # a round's first draft step
-    draft_times: list[float] = []                      # the others
-    for r in range(repeats + 1):                       # the first pass warms up
-        for k in range(max_draft + 1):
-            for i in range(k):
-                t0 = perf_counter()
-                draft.forward(one, past_len)
-                if r:
-                    (draft_times if i else first_times).append(perf_counter() - t0)
-            ids = np.zeros(k + 1, np.int64)
-            t0 = perf_counter()
-            target.forward(ids, past_len)
-            if r:
-                verify_times[k].append(perf_counter() - t0)
-    verify = _rising([float(np.median(t)) for t in verify_times])
-    first = float(np.median(first_times))
-    later = float(np.median(draft_times)) if draft_times else first
-    return CostModel(target_step=verify[0], draft_step=later, verify=verify, draft_first=first)
+from .cost import CostModel, expected_tokens
+from .learning import PROBE, PROBE_BACKOFF, PROBE_EVERY, Acceptance, tenth
 
 
 @dataclass
@@ -186,147 +70,6 @@ def lookup_beats(lookup: Acceptance, model: Acceptance, matched: int) -> bool:
         return True
     lookup.forget()
     return False
-
-
-_BINS = 10                        # tenths of the draft's top probability
-_PRIOR_ROUNDS = 2.0               # α starts at 0.5 with the weight of a few rounds
-
-
-def _tenth(top: float) -> int:
-    return min(int(top * _BINS), _BINS - 1)
-
-
-_PLACES = 4                       # a token's place in its round: 1st, 2nd, 3rd-4th, later
-# Where the plan stops drafting, α is no longer measured, so a pair's worth could go unseen
-# (a plan made from a low first estimate never drafts again): every PROBE_EVERY rounds without
-# drafting, a round drafts PROBE tokens, and each probe in a row with nothing accepted doubles
-# the wait (up to 2^PROBE_BACKOFF times). On a draft that is never right a probe costs c₁ + c +
-# v(2) - v(0), ~0.6 target steps on this CPU: 3 probes in 128 tokens, ~1.4%.
-PROBE, PROBE_EVERY, PROBE_BACKOFF = 2, 16, 6
-
-
-def _place(position: int) -> int:
-    return 0 if position == 0 else 1 if position == 1 else 2 if position < 4 else 3
-
-
-@dataclass
-class Acceptance:
-    """What the adaptive schedule learns about a pair as it decodes; a generator keeps one
-    per decoding kind (greedy, sampled), so that each call starts from what the last saw.
-
-    α is the maximum-likelihood estimate of a geometric acceptance process (accepted /
-    (accepted + rejections)) with exponential forgetting. `chance(top)` is the acceptance
-    rate of draft tokens whose top probability fell in the same tenth, shrunk towards α
-    while that tenth has seen few tokens; `chance(top, position)` refines it by the token's
-    place in its round (shrunk towards the tenth's rate): acceptance comes in runs, so a
-    token of middling confidence that follows accepted ones is likelier to pass than the
-    same confidence first in a round. Measured on the demo pair in seven interleaved A/B
-    pairs of runs: auto 2.2–5.0% behind the best fixed k with it (3.2% on average),
-    1.4–6.3% without (4.2%).
-    """
-
-    decay: float = 0.9            # per round, for α
-    bin_decay: float = 0.98       # per round, for the confidence tenths (they see fewer tokens)
-    accepted: float = _PRIOR_ROUNDS
-    rejected: float = _PRIOR_ROUNDS
-    prior: float = 4.0            # tokens' worth of α each bin starts with
-    place_prior: float = 8.0      # tokens' worth of the tenth's rate each (tenth, place) starts with
-    # Counts per tenth and per (tenth, place), forgotten at bin_decay per round lazily: each
-    # round's tokens count `scale` (which grows by 1/bin_decay a round) instead of every older
-    # count being multiplied down, and they are plain floats, not numpy scalars. chance() runs
-    # after every draft step and observe() after every round, both on caches the models have
-    # just swept: in the loop they took 9 and 17 µs a call as numpy arrays (~3% of a round).
-    hits: list[float] = field(default_factory=lambda: [0.0] * _BINS)
-    seen: list[float] = field(default_factory=lambda: [0.0] * _BINS)
-    place_hits: list[list[float]] = field(
-        default_factory=lambda: [[0.0] * _PLACES for _ in range(_BINS)])
-    place_seen: list[list[float]] = field(
-        default_factory=lambda: [[0.0] * _PLACES for _ in range(_BINS)])
-    scale: float = 1.0            # what one token counts this round (counts / scale: weights)
-    misses: int = 0               # probes in a row that had nothing accepted (AdaptiveK)
-
-    @classmethod
-    def starting_at(cls, alpha: float) -> Acceptance:
-        """Knowing nothing but an estimate of α (the export's measured agreement of the pair:
-        docs/design.md §6), with the prior's weight."""
-        alpha = min(max(float(alpha), 0.01), 0.99)     # a measurement, not a certainty
-        return cls(accepted=2 * _PRIOR_ROUNDS * alpha, rejected=2 * _PRIOR_ROUNDS * (1 - alpha))
-
-    @property
-    def alpha(self) -> float:
-        return self.accepted / (self.accepted + self.rejected)
-
-    def chance(self, top: float, position: int | None = None) -> float:
-        """P(a draft token is accepted | its top probability [, its place in the round])."""
-        return self.chance_in(_tenth(top), position)
-
-    def chance_in(self, b: int, position: int | None = None) -> float:
-        """P(accepted | its class b [, its place]): a model token's class is the tenth of its
-        top probability, a lookup token's the length of the n-gram it was found by."""
-        scale = self.scale
-        prior = self.prior * scale
-        tenth = (self.hits[b] + prior * self.alpha) / (self.seen[b] + prior)
-        if position is None:
-            return tenth
-        p, prior = _place(position), self.place_prior * scale
-        return (self.place_hits[b][p] + prior * tenth) / (self.place_seen[b][p] + prior)
-
-    def observe(self, drafted: int, accepted: int, tops: Sequence[float] = ()) -> None:
-        """A round drafted `drafted` tokens (their top probabilities `tops`, where known) and
-        the target accepted the first `accepted`."""
-        self.observe_in(drafted, accepted, [_tenth(top) for top in tops[:accepted + 1]])
-
-    def observe_in(self, drafted: int, accepted: int, classes: Sequence[int] = (),
-                   first_place: int = 0) -> None:
-        """observe() with each token's class given (chance_in); `first_place`: the place in
-        its round of the first of these tokens (a model draft after lookup tokens)."""
-        if drafted == 0:      # nothing to learn (AdaptiveK probes where it stopped drafting)
-            return
-        self.accepted = self.decay * self.accepted + accepted
-        self.rejected = self.decay * self.rejected + (1 if accepted < drafted else 0)
-        judged = classes[:accepted + 1]               # the accepted ones, then the rejected one
-        if not judged:
-            return
-        self.scale /= self.bin_decay
-        if self.scale > 1e100:                        # after ~11,000 rounds: back to 1
-            self._rescale()
-        weight, hits, seen, place_hits, place_seen = \
-            self.scale, self.hits, self.seen, self.place_hits, self.place_seen
-        for i, b in enumerate(judged):
-            p = _place(first_place + i)
-            seen[b] += weight
-            place_seen[b][p] += weight
-            if i < accepted:
-                hits[b] += weight
-                place_hits[b][p] += weight
-
-    def observe_run(self, drafted: int, accepted: int, b: int) -> None:
-        """A run of `drafted` tokens of one class b (a lookup continuation, b its n-gram's
-        length) of which the first `accepted` passed; a run with none accepted is a miss
-        (`forget` slows down after misses)."""
-        self.observe_in(drafted, min(accepted, drafted), [b] * min(accepted + 1, drafted))
-        self.misses = 0 if accepted else self.misses + 1
-
-    def forget(self) -> None:
-        """A round in which this source could have drafted and was not asked to: α drifts
-        back towards the prior and the tenths' counts age, so that a source judged poor is
-        tried again — each try in a row with nothing accepted (`misses`) halving the pace.
-        For lookup drafts (docs/design.md §6.1), whose worth is the text's, not the pair's,
-        and whose tries cost only a longer verification."""
-        rate = (1 - self.decay) / (1 << min(self.misses, PROBE_BACKOFF))
-        self.accepted += rate * (_PRIOR_ROUNDS - self.accepted)
-        self.rejected += rate * (_PRIOR_ROUNDS - self.rejected)
-        self.scale /= self.bin_decay ** (rate / (1 - self.decay))
-        if self.scale > 1e100:
-            self._rescale()
-
-    def _rescale(self) -> None:
-        s = self.scale
-        self.hits = [h / s for h in self.hits]
-        self.seen = [n / s for n in self.seen]
-        self.place_hits = [[h / s for h in row] for row in self.place_hits]
-        self.place_seen = [[n / s for n in row] for row in self.place_seen]
-        self.scale = 1.0
 
 
 class RoundTimes:
@@ -557,7 +300,7 @@ class AdaptiveK:
         model = drafted - taken
         if model and accepted >= taken:       # the model's tokens were judged too
             self.learnt.observe_in(model, accepted - taken,
-                                   [_tenth(t) for t in self._tops[:accepted - taken + 1]],
+                                   [tenth(t) for t in self._tops[:accepted - taken + 1]],
                                    first_place=taken)
         if seconds is not None:
             cost = self.cost
@@ -580,3 +323,8 @@ def top_probability(row: np.ndarray, scratch: np.ndarray) -> float:
     np.exp(scratch, out=scratch)
     total = float(scratch.sum())         # >= 1 (the top itself); NaN logits: no confidence
     return 1.0 / total if total >= 1.0 else 0.0
+
+
+def _clipped(ratio: float) -> float:
+    """A round counts at most 25% over or 20% under what was expected of it (RoundTimes)."""
+    return min(max(ratio, 0.8), 1.25)

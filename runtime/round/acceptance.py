@@ -10,22 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from .processors import Processors
+from .rules import Rule, leading_agreement, random_streams
 from .sampling import (GumbelNoise, SamplingParams, gumbel_pick, position_uniform,
                        probabilities, sample)
-
-
-class Rule:
-    """What every rule shares: the logits processors (None: off) over the sequence so far."""
-
-    processors: Processors | None = None
-
-    def commit(self, tokens: list[int]) -> None:
-        """The round's emitted tokens join the sequence the processors read."""
-        if self.processors is not None:
-            self.processors.commit(tokens)
-
-    def _processed(self, row: np.ndarray, pending: list[int]) -> np.ndarray:
-        return row if self.processors is None else self.processors.apply(row, pending)
 
 
 class GreedyAcceptance(Rule):
@@ -93,14 +80,6 @@ class InvariantSampling(GreedyAcceptance):
                            position)
 
 
-def leading_agreement(drafts: list[int], choices: np.ndarray) -> tuple[int, int]:
-    """Greedy verdict from the target's choices (k+1,): (accepted j, next token choices[j])."""
-    j = 0
-    while j < len(drafts) and drafts[j] == choices[j]:
-        j += 1
-    return j, int(choices[j])
-
-
 class SamplingAcceptance(Rule):
     """Speculative sampling: accept x with probability min(1, p(x)/q(x)); at the first
     rejection sample from normalise(max(0, p - q)); after k acceptances sample from p. A
@@ -145,30 +124,6 @@ class SamplingAcceptance(Rule):
             return j, sample(residual, final_u)
         p = probabilities(self._processed(target_logits[len(drafts)], drafts), self.params)
         return len(drafts), sample(p, final_u)
-
-
-def random_streams(seed: int | None) -> tuple[int, np.random.Generator]:
-    """A key for the draft's per-position uniforms and a stream for the verifier."""
-    draft, verify = np.random.SeedSequence(seed).spawn(2)
-    return int(draft.generate_state(1, np.uint64)[0]), np.random.default_rng(verify)
-
-
-def make_rule(params: SamplingParams, heads=None, prompt: list[int] = (), vocab: int = 0,
-              eos_ids: set[int] = frozenset()):
-    """The host rule, or the same rule on the bundle's ONNX heads when `heads` is given (the
-    heads have no logits processors and no invariant coupling: with penalties, a bias, a
-    minimum length or a seeded invariant run the host decides)."""
-    if heads is None or params.processed or params.invariant:
-        processors = Processors(params, list(prompt), vocab, eos_ids) if params.processed \
-            else None
-        if params.greedy:
-            return GreedyAcceptance(processors)
-        if params.invariant:
-            return InvariantSampling(params, processors, vocab)
-        return SamplingAcceptance(params, processors)
-    from .heads import FusedGreedyAcceptance, FusedSamplingAcceptance
-
-    return FusedGreedyAcceptance(heads) if params.greedy else FusedSamplingAcceptance(heads, params)
 
 
 def _fit(q: np.ndarray, n: int) -> np.ndarray:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .acceptance import Rule, leading_agreement, random_streams
-from .backends.device import DeviceLogits
-from .backends.select import CUDA_PROVIDER
-from .errors import BackendError, BundleError
+from ..backends.device import DeviceLogits
+from ..backends.select import CUDA_PROVIDER
+from ..errors import BackendError, BundleError
+from .rules import Rule, leading_agreement, random_streams
 from .sampling import SamplingParams, position_uniform
 
 REQUIRED = ("argmax", "sample", "accept")

@@ -5,7 +5,7 @@ quotes its passage): when the sequence's last n tokens occurred before, the toke
 followed them then are a draft that costs no draft step ("prompt lookup decoding"; Hugging
 Face's `prompt_lookup_num_tokens`, vLLM's and TensorRT-LLM's n-gram drafters). The longest
 n-gram (up to MAX_NGRAM) wins, and of its occurrences the latest. What such a token is
-worth (its acceptance, by n) is learnt online by the schedule (perf.AdaptiveK).
+worth (its acceptance, by n) is learnt online by the schedule (schedule.AdaptiveK).
 """
 from __future__ import annotations
 

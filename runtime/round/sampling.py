@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 # "rejection": Leviathan et al.'s rule, the most accepted drafts; reproducible with a seed at a

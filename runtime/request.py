@@ -1,0 +1,37 @@
+"""One sequence to decode and what comes of it: `Request` (its prompt ids, rule and settings,
+checked by Generator.request) and `GenerationResult`. The generator and a batch both decode
+requests into results; both take these from here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from .round.loop import Stats
+from .round.rules import Rule
+
+Mode = Literal["sequential", "split"]
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]      # generated ids only, not the prompt
+    text: str
+    stop_reason: str          # "eos" | "length" | "context" | "stop" | "error" (batches only)
+    stats: Stats
+    error: str | None = None  # generate_batch: why this prompt was refused (the others ran)
+
+
+@dataclass
+class Request:
+    """One sequence to decode: its prompt ids, rule and settings, checked (Generator.request)."""
+
+    ids: list[int]
+    rule: Rule                # acceptance.GreedyAcceptance | SamplingAcceptance | ... (make_rule)
+    eos_ids: set[int]
+    max_new_tokens: int
+    k: int | str
+    stop: list[str]
+    mode: Mode
+    kind: str                 # "greedy" | "sampled" | "invariant": what acceptance is learnt for
+    source: str = "fused"     # lookup.DRAFT_SOURCES: who drafts

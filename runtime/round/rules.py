@@ -1,0 +1,38 @@
+"""What every acceptance rule shares (docs/design.md §4): the `Rule` base with the logits
+processors' view of the sequence, the greedy verdict from the target's choices, and the
+seeded random streams. The host rules (acceptance.py) and the rules on the bundle's ONNX
+heads (heads.py) both build on it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .processors import Processors
+
+
+class Rule:
+    """What every rule shares: the logits processors (None: off) over the sequence so far."""
+
+    processors: Processors | None = None
+
+    def commit(self, tokens: list[int]) -> None:
+        """The round's emitted tokens join the sequence the processors read."""
+        if self.processors is not None:
+            self.processors.commit(tokens)
+
+    def _processed(self, row: np.ndarray, pending: list[int]) -> np.ndarray:
+        return row if self.processors is None else self.processors.apply(row, pending)
+
+
+def leading_agreement(drafts: list[int], choices: np.ndarray) -> tuple[int, int]:
+    """Greedy verdict from the target's choices (k+1,): (accepted j, next token choices[j])."""
+    j = 0
+    while j < len(drafts) and drafts[j] == choices[j]:
+        j += 1
+    return j, int(choices[j])
+
+
+def random_streams(seed: int | None) -> tuple[int, np.random.Generator]:
+    """A key for the draft's per-position uniforms and a stream for the verifier."""
+    draft, verify = np.random.SeedSequence(seed).spawn(2)
+    return int(draft.generate_state(1, np.uint64)[0]), np.random.default_rng(verify)

@@ -1,0 +1,107 @@
+"""The frozen, typed options of one `ssd-distill` run and its presets; built by cli.py, read by
+pipeline.py (docs/distill.md)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, get_args
+
+from ssd_runtime.errors import ConfigError
+
+PresetName = Literal["quick", "default", "large"]
+Loss = Literal["mix", "kl", "top1"]     # soft labels, the target's argmax, or a mix of both
+Init = Literal["spread", "first"]       # which target layers the draft's layers start from
+
+
+@dataclass(frozen=True)
+class Preset:
+    """How much the run generates and trains. Counts are fixed (the same seed gives the same
+    draft); each phase also has a wall-clock budget, a safety net recorded in the card if hit."""
+
+    layers: int              # draft decoder layers, copied from the target's
+    prompts: int             # prompts the target answers (cycled if the file has fewer)
+    new_tokens: int          # the target's answer length per prompt, at most
+    text_tokens: int         # tokens of --data text the target labels, at most
+    seq_len: int             # longest row trained on (prompt + answer, or a text window)
+    batch: int               # rows per optimizer step
+    epochs: float            # passes over the training rows
+    lr: float
+    head_tokens: int | None  # draft head over the target's most frequent outputs; None: all
+    top_k: int = 32          # soft labels kept per position: the target's top-k log-probs
+    greedy_share: float = 0.75   # answers decoded greedily; the rest sampled at temperature 1
+    heldout_share: float = 0.1   # prompts kept out of training for the agreement report
+    generate_budget_s: float = 3600.0
+    train_budget_s: float = 3600.0
+    min_tokens: int = 2000   # labelled positions below which training is refused
+
+
+# Sized on this project's 2-core CPU (2026-12-03, docs/distill.md): SmolLM2-135M answers at
+# ~110-130 tok/s in batches of 32 (torch, KV cache), and labels text at ~390 tok/s.
+PRESETS: dict[str, Preset] = {
+    # a tiny test target in about a minute
+    "quick": Preset(layers=1, prompts=24, new_tokens=24, text_tokens=2048, seq_len=96, batch=8,
+                    epochs=4, lr=3e-3, head_tokens=None, generate_budget_s=120,
+                    train_budget_s=120, min_tokens=200),
+    # a ~100-300M target in at most 45 minutes end to end. SmolLM2-135M, 2 threads: 21 min
+    # (answers 6.5 min at 140 tok/s, 400 training steps 14 min), held-out agreement 0.42; the
+    # same data at 3 epochs (75 steps) gave 0.29 (docs/performance.md)
+    "default": Preset(layers=4, prompts=400, new_tokens=128, text_tokens=65536, seq_len=320,
+                      batch=16, epochs=16, lr=1e-3, head_tokens=8192,
+                      generate_budget_s=1080, train_budget_s=1500),
+    # more answers, longer training: a few hours
+    "large": Preset(layers=6, prompts=2250, new_tokens=256, text_tokens=262144, seq_len=512,
+                    batch=16, epochs=4, lr=1e-3, head_tokens=16384,
+                    generate_budget_s=5400, train_budget_s=7200),
+}
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    target: str                          # local Hugging Face folder or hub id
+    output: Path                         # the draft folder to write
+    preset: PresetName = "default"
+    data: tuple[Path, ...] = ()          # the user's text files, labelled by the target
+    prompts: Path | None = None          # JSONL of {"prompt": ...} or {"messages": [...]}
+    threads: int | None = None           # torch intra-op threads; None: every core
+    resume: bool = False
+    force: bool = False
+    quiet: bool = False
+    seed: int = 0
+    layers: int | None = None            # override the preset's
+    head_tokens: int | None = None       # override the preset's; 0: the whole vocabulary
+    loss: Loss = "mix"
+    init: Init = "spread"
+    bundle: Path | None = None           # keep the report's export here (else a temporary one)
+    check: bool = True                   # export the pair and measure its worth at the end
+    overrides: dict = field(default_factory=dict, compare=False)  # tests: smaller presets
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "output", Path(self.output))
+        object.__setattr__(self, "target", str(self.target))
+        object.__setattr__(self, "data", tuple(Path(p) for p in self.data))
+        if self.prompts is not None:
+            object.__setattr__(self, "prompts", Path(self.prompts))
+        if self.bundle is not None:
+            object.__setattr__(self, "bundle", Path(self.bundle))
+        for name, kind in (("preset", PresetName), ("loss", Loss), ("init", Init)):
+            if getattr(self, name) not in get_args(kind):
+                raise ConfigError(f"DistillConfig {name}={getattr(self, name)!r} is not one of "
+                                  f"{', '.join(get_args(kind))}.")
+        if self.layers is not None and self.layers < 1:
+            raise ConfigError(f"--layers {self.layers} must be at least 1.")
+        if self.head_tokens is not None and self.head_tokens < 0:
+            raise ConfigError(f"--head-tokens {self.head_tokens} must be 0 (the whole "
+                              f"vocabulary) or a positive count.")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"--threads {self.threads} must be at least 1.")
+
+    @property
+    def settings(self) -> Preset:
+        """The preset with this run's overrides applied."""
+        from dataclasses import replace
+        preset = replace(PRESETS[self.preset], **self.overrides)
+        if self.layers is not None:
+            preset = replace(preset, layers=self.layers)
+        if self.head_tokens is not None:
+            preset = replace(preset, head_tokens=self.head_tokens or None)
+        return preset
