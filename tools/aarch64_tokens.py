@@ -14,10 +14,16 @@ REF.json` (the other machine's run) it also records, for every case whose tokens
 REF's, its own k=0 row of the target at the first differing step.
 
 `compare` (on the machine of REF, with its bundle) prints a table, one line per stream:
-equal, or where it parts and the logit gap between the two tokens there; then how far the
-two machines' logits lie apart over the trace. A difference is *explained* when both
-machines' k=0 rows put the two tokens within TIE of each other (a near-tie that rounding
-decides) and the streams agreed before it; any other difference exits 1.
+equal, or where it parts and why. At a parting it replays the decision on both machines' k=0
+rows of the target there (REF's computed again, OTHER's from `parting_rows`) with the
+runtime's own rule: greedy is the argmax; seeded sampling (the invariant coupling) is the
+Gumbel-max argmax of logit/T - log E over the top-p nucleus, E the noise keyed by (seed,
+position, token). The parting is *explained* when each machine's row gives that machine's
+token: the streams part only because the two machines' logits differ (kernel rounding), not
+the loop, the random numbers or the sampling code. It prints the margin the rounding crossed:
+the logit gap (greedy), the noisy-score gap (sampling), or the nucleus edge (a token whose
+mass puts it inside top-p on one machine and outside on the other). Then how far the two
+machines' logits lie apart over the trace. Any other difference exits 1.
 Runtime-only imports: it runs where `pip install .` installed the runtime (tools/aarch64_check.sh).
 """
 from __future__ import annotations
@@ -35,14 +41,11 @@ import numpy as np
 
 from ssd_runtime import Generator
 from ssd_runtime.backends import cpu_session
+from ssd_runtime.round.acceptance import InvariantSampling
+from ssd_runtime.round.sampling import SamplingParams, gumbel_pick, probabilities
 
 PROMPTS = ["def read_config(path):\n", "import os\nimport sys\n\n", "class Stack:\n    def "]
 SAMPLED = dict(temperature=0.8, top_p=0.95)
-# Two machines' logits for one row differ by their kernels' rounding; a greedy choice between
-# two tokens closer than this is a near-tie either may decide. 0.08 = twice the ~0.04 a row
-# of an int8-activation target varies by with the rows beside it (docs/export.md), well above
-# the float kernels' differences measured here (docs/gpu.md, "aarch64").
-TIE = 0.08
 # the Linux arm64 HWCAP / HWCAP2 bits that decide ONNX Runtime's (MLAS, KleidiAI) kernels
 HWCAP = {"fphp": 9, "asimdhp": 10, "asimddp": 20, "sve": 22}
 HWCAP2 = {"sve2": 1, "i8mm": 13, "bf16": 14, "sme": 23}
@@ -75,7 +78,8 @@ def run(args: argparse.Namespace) -> None:
     session = cpu_session("target", args.bundle, gen.manifest, threads=1)
     out = {"machine": platform.machine(), "python": platform.python_version(),
            "versions": {d: metadata.version(d) for d in ("onnxruntime", "numpy", "tokenizers")},
-           "cpu": _cpu(), "qemu_cpu": os.environ.get("QEMU_CPU"), "bundle": str(args.bundle),
+           "cpu": _cpu(),
+           "qemu_cpu": os.environ.get("QEMU_CPU") if platform.machine() == "aarch64" else None, "bundle": str(args.bundle),
            "target_quant": gen.manifest.target.quant, "load_s": round(loaded, 3), "cases": []}
     for case in cases(args.tokens):
         t0 = time.perf_counter()
@@ -152,21 +156,70 @@ def compare(args: argparse.Namespace) -> int:
                     session = cpu_session("target", args.bundle, gen.manifest, threads=1)
                 prompt = gen.encode(PROMPTS[case["streams"][j]["prompt"]])
                 here, there = _row(session, prompt + mine[:at]), np.asarray(row["row"])
-                gaps = [abs(float(r[mine[at]] - r[found[at]])) for r in (here, there)]
-                tie = max(gaps) <= TIE
-                text += (f": logit gap {gaps[0]:.4f} here, {gaps[1]:.4f} there, rows "
-                         f"|diff| {np.abs(here - there).max():.2e}"
-                         + (" — near-tie, explained" if tie else ""))
-                unexplained += not tie
+                why, ok = _decision(case["streams"][j], here, there, mine[at], found[at],
+                                    len(prompt) + at)
+                text += f": {why}; rows |diff| {np.abs(here - there).max():.2e}"
+                text += " — explained" if ok else " — NOT explained"
+                unexplained += not ok
             else:
                 unexplained += 1
             print(f"{case['name']:<24} {j:>6}  {text}")
     total = sum(len(c["ids"]) for c in ref["cases"])
+    # the same (prompt, seed) at k = 0, 4, auto gives one stream three times (k-invariance)
+    distinct: dict[tuple, bool] = {}
+    for case in ref["cases"]:
+        for s, mine, found in zip(case["streams"], case["ids"], theirs[case["name"]]["ids"]):
+            key = (s["prompt"], s.get("seed"))
+            distinct[key] = distinct.get(key, False) or _parts(mine, found) is not None
+    for kind, greedy in (("greedy", True), ("seeded", False)):
+        keys = [key for key in distinct if (key[1] is None) == greedy]
+        print(f"distinct {kind} streams (prompt, seed): {len(keys)}, parted "
+              f"{sum(distinct[key] for key in keys)}")
     seconds = [sum(c["seconds"] for c in r["cases"]) for r in (ref, other)]
     print(f"{equal} of {total} streams equal; {total - equal - unexplained} explained, "
           f"{unexplained} unexplained; decoding {seconds[0]:.1f} s here, {seconds[1]:.1f} s "
           f"there (load {ref['load_s']:.1f} s, {other['load_s']:.1f} s)")
     return 1 if unexplained else 0
+
+
+def _decision(stream: dict, here: np.ndarray, there: np.ndarray, a: int, b: int,
+              position: int) -> tuple[str, bool]:
+    """Replay the choice of the token at `position` on both rows: (what decided it, whether
+    `here` gives a and `there` gives b)."""
+    if not stream.get("temperature"):
+        picks = [int(np.argmax(r)) for r in (here, there)]
+        gaps = [float(r[a] - r[b]) for r in (here, there)]
+        why = f"greedy, logit gap {gaps[0]:+.4f} here, {gaps[1]:+.4f} there"
+        return why, picks == [a, b]
+    params = SamplingParams(temperature=stream["temperature"], top_p=stream.get("top_p", 1.0),
+                            seed=stream["seed"])
+    noise = InvariantSampling(params, None, len(here)).noise
+    probs = [probabilities(r, params) for r in (here, there)]
+    picks = [gumbel_pick(p, noise, position) for p in probs]
+    inside = [[bool(p[t] > 0) for t in (a, b)] for p in probs]
+    if inside[0] != inside[1]:                  # a token crossed the nucleus's edge
+        t = a if inside[0][0] != inside[1][0] else b
+        edge = [_nucleus_margin(r, t, params) for r in (here, there)]
+        why = (f"sampled, nucleus edge: token {t} {'in' if edge[0] > 0 else 'out'} here, "
+               f"{'in' if edge[1] > 0 else 'out'} there (its mass past 1 - top_p by "
+               f"{edge[0]:+.4f} here, {edge[1]:+.4f} there)")
+    else:
+        E = noise.at(position, len(here))
+        gaps = [float((r[a] - r[b]) / params.temperature - np.log(E[a] / E[b]))
+                for r in (here, there)]
+        why = (f"sampled, Gumbel-max near-tie: noisy-score gap {gaps[0]:+.4f} here, "
+               f"{gaps[1]:+.4f} there (logit gap {float(here[a] - here[b]):+.4f})")
+    return why, picks == [a, b]
+
+
+def _nucleus_margin(row: np.ndarray, token: int, params: SamplingParams) -> float:
+    """How far the mass of the tokens ranked at or below `token` (ascending, as top-p
+    removes them) lies past 1 - top_p: > 0 keeps it, <= 0 removes it."""
+    scores = row.astype(np.float64) / params.temperature
+    order = np.argsort(scores, kind="stable")
+    ranked = np.exp(scores[order] - scores[order[-1]])
+    cumulative = np.cumsum(ranked / ranked.sum())
+    return float(cumulative[int(np.nonzero(order == token)[0][0])] - (1 - params.top_p))
 
 
 def _parts(a: list[int], b: list[int]) -> int | None:
