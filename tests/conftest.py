@@ -13,6 +13,7 @@ from filelock import FileLock
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import export_cache  # noqa: E402
 import tiny  # noqa: E402
 
 # What start-up remembers (ssd_runtime.cache) goes to a folder of the run's own, never to
@@ -77,6 +78,14 @@ def _shared(tmp_path_factory, name: str) -> Path:
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _export_cache(tmp_path_factory) -> Path:
+    """Traces and bundles filed by their inputs' hash (tests/export_cache.py): across runs in
+    $SSD_TEST_CACHE (~/.cache/ssd-tests), or with SSD_TEST_CACHE=off within this run only."""
+    return export_cache.configure(export_cache.default_folder(),
+                                  _shared(tmp_path_factory, "export-cache"))
+
+
 @pytest.fixture(scope="session")
 def models(tmp_path_factory) -> dict[str, Path]:
     """Hugging Face folders: target and draft variants of each class, built once per run."""
@@ -129,8 +138,10 @@ def _build_models(root: Path) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def bundle_factory(models, tmp_path_factory):
-    """export(target, draft) -> bundle folder, cached per pair for the session."""
-    from ssd_export import ExportConfig, export_bundle
+    """export(target, draft) -> bundle folder, cached per pair for the session and, by its
+    inputs' hash, across sessions (export_cache.py); bundles that share a model share its
+    trace."""
+    from ssd_export import ExportConfig
 
     cache: dict[tuple, Path] = {}
     root = _shared(tmp_path_factory, "bundles")
@@ -148,10 +159,10 @@ def bundle_factory(models, tmp_path_factory):
             out = root / "-".join(map(str, key))
             with FileLock(str(out) + ".lock"):  # another worker may be writing it
                 if not (out / "manifest.json").exists():
-                    export_bundle(ExportConfig(
+                    export_cache.bundle(ExportConfig(
                         target=str(models[target]), draft=str(models[draft]), output=out,
                         max_context=max_context, quiet=True, graph=graph,
-                        draft_quant=draft_quant, quant=quant, quant_compute=quant_compute))
+                        draft_quant=draft_quant, quant=quant, quant_compute=quant_compute), out)
             cache[key] = out
         return cache[key]
 
@@ -161,13 +172,13 @@ def bundle_factory(models, tmp_path_factory):
 @pytest.fixture(scope="session")
 def small_vocab_bundle(tmp_path_factory) -> tuple[Path, Path]:
     """(bundle, target folder) for a 16-token pair whose distributions can be enumerated."""
-    from ssd_export import ExportConfig, export_bundle
+    from ssd_export import ExportConfig
 
     root = _shared(tmp_path_factory, "small")
     out = root / "bundle"
     with FileLock(str(root) + ".lock"):
         if not (out / "manifest.json").exists():
             target, draft = tiny.build_small_vocab_pair(root)
-            export_bundle(ExportConfig(target=str(target), draft=str(draft), output=out,
-                                       quiet=True))
+            export_cache.bundle(ExportConfig(target=str(target), draft=str(draft), output=out,
+                                             quiet=True), out)
     return out, root / "small_target"

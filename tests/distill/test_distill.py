@@ -135,7 +135,9 @@ def _interrupted(cmd: list[str]) -> tuple[subprocess.Popen, str]:
     """Run `cmd` and Ctrl-C it once its work folder is made and the target starts answering
     (the "[2]" stage line). The run is frozen (SIGSTOP) the moment the line is read, so the
     signal lands there, not after the second of work that is left on a tiny target."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # a pytest-xdist worker ignores SIGINT, and a child inherits that: give it a shell's default
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = []
     for line in proc.stderr:
         seen.append(line)

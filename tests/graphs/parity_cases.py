@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+import export_cache
 import tiny
 
 MAX_CONTEXT = 256
@@ -164,13 +165,14 @@ def hf_model(models: dict[str, Path], name: str) -> tuple:
 
 
 def traced(models: dict[str, Path], name: str, graph: str = "standard"):
-    """The case exported in that flavour (a TracedModel), once per process."""
+    """The case exported in that flavour (a TracedModel), once per process and, by its inputs'
+    hash, once per cache (export_cache.py)."""
     from ssd_graphs.trace import export_decoder
 
     if (name, graph) not in _TRACED:
         model, max_context = hf_model(models, name)
-        _TRACED[name, graph] = export_decoder(model, name, _root() / graph / name / "model.onnx",
-                                              max_context, graph=graph)
+        _TRACED[name, graph] = export_cache.traced(
+            export_decoder, model, name, _root() / graph / name / "model.onnx", max_context, graph)
     return _TRACED[name, graph]
 
 
