@@ -63,8 +63,14 @@ timed() {
 # arm CMD...: run an arm64 command in the root under proot + qemu, with a clean environment.
 # The host's CA bundle is bound in, so that pip trusts what the host trusts (a proxy's CA).
 # From /tmp: proot starts in the host's working directory, which the root may not have.
+# The libraries' own thread pools are kept to one thread (numpy's OpenBLAS, tokenizers'):
+# with them qemu-user 7.2 killed the int8 run with "uncaught target signal 11" at instructions
+# that cannot fault (an adrp, a load from the stack), at a different case each time, in 6 of
+# 13 runs; with one thread 0 of 5 (2026-12-03). ONNX Runtime's threads are the runtime's own
+# choice (1 each here) either way.
 arm() (
   cd /tmp && env -i PATH=$VENV/bin:/usr/local/bin:/usr/bin:/bin HOME=/root LANG=C.UTF-8 QEMU_CPU="$QEMU_CPU" \
+    OPENBLAS_NUM_THREADS=1 RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false \
     proot -q qemu-aarch64-static -r "$ROOT" -w /root -b /dev -b /proc \
       -b "$WORK/fake/cpuinfo:/proc/cpuinfo" -b "$WORK/fake/cpu:/sys/devices/system/cpu" \
       -b /etc/resolv.conf -b /etc/ssl/certs/ca-certificates.crt \
@@ -161,10 +167,9 @@ for name in int8 int4; do
   section "bundle-$name: x86 against aarch64 ($QEMU_CPU, emulated)"
   timed "x86 run" env -u QEMU_CPU "$PY" tools/aarch64_tokens.py run "$WORK/bundle-$name" \
     --out "$WORK/x86-$name.json" --tokens "$TOKENS" || { status=1; continue; }
-  # A qemu-user crash ("uncaught target signal 11") leaves proot's exit status 0, so a run is
-  # judged by its result: the JSON with its closing "total_s". One such crash in four int8
-  # runs on 2026-12-03 (in greedy k=auto), not seen again in the reruns: it is retried once,
-  # and the report shows it.
+  # A qemu-user crash ("uncaught target signal 11", see arm() above) leaves proot's exit
+  # status 0, so a run is judged by its result: the JSON with its closing "total_s". A crash
+  # is retried once, and the report shows it.
   for try in 1 2; do
     rm -f "$WORK/arm-$name.json"
     timed "aarch64 run (emulated, try $try)" arm_tokens "$name" && break
