@@ -38,14 +38,16 @@ bench: demo
 	    --threads 2:1,1:1 --json $(DEMO)/bench.json --plot $(DEMO)/bench.png
 
 # Two workers (pytest-xdist), one test file each at a time: the exported bundles and tiny
-# models are built once per run and shared (tests/conftest.py).
+# models are built once per run and shared (tests/conftest.py); traces and bundles are kept
+# across runs by their inputs' hash in $SSD_TEST_CACHE (~/.cache/ssd-tests; SSD_TEST_CACHE=off
+# for a cold run, tests/export_cache.py). The 40 slowest tests are printed at the end.
 test: install
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=40
 
 # The fast subset for every change: leaves out the tests marked slow (exports of every
 # architecture, Hugging Face references, Ray); `make test` runs everything.
 test-fast: install
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow"
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow" --durations=20
 
 clean:
 	rm -rf $(VENV) $(DEMO)
