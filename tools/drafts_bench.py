@@ -28,6 +28,8 @@ from pathlib import Path
 def render(prompts_file: Path, template_source: str) -> list[str]:
     from transformers import AutoTokenizer
 
+    from ssd_distill.data import plain_text
+
     tok = AutoTokenizer.from_pretrained(template_source)
     out = []
     for line in prompts_file.read_text().splitlines():
@@ -37,9 +39,8 @@ def render(prompts_file: Path, template_source: str) -> list[str]:
         if "messages" in item and getattr(tok, "chat_template", None):
             out.append(tok.apply_chat_template(item["messages"], add_generation_prompt=True,
                                                tokenize=False))
-        elif "messages" in item:        # a base model: the contents as plain text, as
-            out.append("\n".join(str(m.get("content", ""))   # ssd-distill encodes them
-                                 for m in item["messages"]))
+        elif "messages" in item:        # a base model: as ssd-distill encodes its prompts
+            out.append(plain_text(item["messages"]))
         else:
             out.append(item["prompt"])
     return out
