@@ -93,8 +93,13 @@ def encode_prompt(tokenizer: Any, prompt: Any) -> list[int]:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
     if isinstance(prompt, list):
-        prompt = "\n".join(str(m.get("content", "")) for m in prompt if isinstance(m, dict))
+        prompt = plain_text(prompt)
     return list(tokenizer(prompt)["input_ids"])
+
+
+def plain_text(messages: list) -> str:
+    """A chat for a target without a chat template (a base model): its contents, a line each."""
+    return "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
 
 
 @torch.no_grad()

@@ -9,7 +9,8 @@ the first bundle (the float target alone).
 
 Prompts: JSONL of {"prompt": text} or {"messages": [...]}; messages are rendered with the
 target's chat template (`--chat-template-from` a Hugging Face folder, else the first bundle's
-tokenizer through transformers). Greedy. Reports the median and the spread (min–max over
+tokenizer through transformers); a target without one (a base model) gets the messages'
+contents joined by newlines. Greedy. Reports the median and the spread (min–max over
 repeats) of each row's speed-up, acceptance and tokens per round, and whether each bundle's
 rows give its k=0 tokens (a float target must, exactly; an int8-compute target may part at a
 near-tie, docs/design.md §12: the count is reported). Exit 1 if a float target's rows part.
@@ -27,15 +28,19 @@ from pathlib import Path
 def render(prompts_file: Path, template_source: str) -> list[str]:
     from transformers import AutoTokenizer
 
+    from ssd_distill.data import plain_text
+
     tok = AutoTokenizer.from_pretrained(template_source)
     out = []
     for line in prompts_file.read_text().splitlines():
         if not line.strip():
             continue
         item = json.loads(line)
-        if "messages" in item:
+        if "messages" in item and getattr(tok, "chat_template", None):
             out.append(tok.apply_chat_template(item["messages"], add_generation_prompt=True,
                                                tokenize=False))
+        elif "messages" in item:        # a base model: as ssd-distill encodes its prompts
+            out.append(plain_text(item["messages"]))
         else:
             out.append(item["prompt"])
     return out
