@@ -1,0 +1,66 @@
+"""graphs/trace.py's torchlib_read_once: torch's exporter builds its op registry from this
+process's copy of torchlib's list, and the graph it writes is the one it writes without it."""
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+
+import tiny
+from ssd_graphs import trace
+
+
+def test_reading_torchlib_once_writes_the_same_graph(tmp_path, monkeypatch):
+    """The whole ModelProto, weights read in: nodes (op, domain, names, inputs, outputs,
+    attributes), initializers byte for byte, inputs and outputs with their shapes."""
+    from transformers import AutoModelForCausalLM
+    from torch.onnx._internal._lazy_import import onnxscript_apis
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny.config_for("llama", tiny.VOCAB, layers=1),
+                                             attn_implementation="eager").eval()
+    with trace.torchlib_read_once():        # the export below reads the process's copy
+        onnxscript_apis.get_torchlib_ops()
+    once = trace.export_decoder(model, "llama", tmp_path / "once" / "model.onnx", 64, "ort")
+    assert "get_torchlib_ops" not in vars(onnxscript_apis)     # the handle is left as it was
+    monkeypatch.setattr(trace, "torchlib_read_once", nullcontext)   # torch as it ships
+    plain = trace.export_decoder(model, "llama", tmp_path / "plain" / "model.onnx", 64, "ort")
+    assert describe(once.path) == describe(plain.path)
+    assert proto(once.path) == proto(plain.path)
+
+
+def test_the_list_is_read_once_per_process(monkeypatch):
+    from torch.onnx._internal._lazy_import import onnxscript_apis
+
+    reads = []
+    real = onnxscript_apis.get_torchlib_ops        # imports onnxscript's API behind the handle
+
+    def counted():
+        reads.append(1)
+        return real()
+
+    monkeypatch.setattr(onnxscript_apis._module, "get_torchlib_ops", counted)
+    lists = []
+    for _ in range(3):
+        with trace.torchlib_read_once():
+            lists.append(onnxscript_apis.get_torchlib_ops())
+    assert len(reads) == 1 and len(lists[0]) > 400
+    assert all(a is b for a, b in zip(lists[0], lists[2]))     # the same metas, in order
+    assert lists[0] is not lists[2]                 # a fresh list each time: none is shared
+
+
+def describe(path) -> list[tuple]:
+    """The graph as (op, domain, inputs, outputs) per node and (name, dims) per initializer:
+    a readable difference when the protos differ."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return ([(n.op_type, n.domain, tuple(n.input), tuple(n.output)) for n in graph.node]
+            + [(t.name, tuple(t.dims)) for t in graph.initializer])
+
+
+def proto(path) -> bytes:
+    """The ModelProto with its weights read in, serialized."""
+    import onnx
+
+    return onnx.load(str(path)).SerializeToString()
