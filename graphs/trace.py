@@ -6,10 +6,8 @@
 """
 from __future__ import annotations
 
-import functools
 import logging
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,7 +67,7 @@ def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context:
     path.parent.mkdir(parents=True, exist_ok=True)
     # the exporter logs a warning per missing torchvision op on every export: not ours to fix
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
-    with warnings.catch_warnings(), torch.no_grad(), torchlib_read_once():
+    with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             decoder, (ids, pos, *past), dynamo=True, opset_version=OPSET,
@@ -86,40 +84,6 @@ def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context:
         parameters=sum(p.numel() for p in model.parameters()), graph=graph,
         moe=decoder.moe_kind, moe_note=decoder.moe_note,
     )
-
-
-@contextmanager
-def torchlib_read_once():
-    """Meanwhile torch's exporter takes torchlib's list of ONNX functions from this process's
-    copy instead of rebuilding it.
-
-    torch.onnx.export builds its op registry anew on every call, and onnxscript's
-    get_torchlib_ops re-parses the Python source of each of ~500 torchlib functions only to
-    read its domain: a quarter of the export of a 1-layer tiny model (docs/performance-notes.md,
-    "The exporter's cost on a tiny model"). The list holds the same function objects in the same
-    order on every call (torchlib registers them when it is imported), so the registry built
-    from it, and so the graph, are the same (tests/graphs/test_trace.py compares the protos).
-    The copy shadows the name on torch's lazy handle of onnxscript's API only; onnxscript
-    itself is untouched, and a torch without that handle exports as before.
-    """
-    from torch.onnx._internal import _lazy_import
-
-    handle = getattr(_lazy_import, "onnxscript_apis", None)
-    if handle is None or not hasattr(handle, "get_torchlib_ops") \
-            or "get_torchlib_ops" in vars(handle):
-        yield
-        return
-    real = handle.get_torchlib_ops
-    vars(handle)["get_torchlib_ops"] = lambda: list(_torchlib_ops(real))
-    try:
-        yield
-    finally:
-        del vars(handle)["get_torchlib_ops"]
-
-
-@functools.cache
-def _torchlib_ops(get_torchlib_ops) -> tuple:
-    return tuple(get_torchlib_ops())
 
 
 def append_tops(path: Path) -> None:

@@ -15,6 +15,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import export_cache  # noqa: E402
 import tiny  # noqa: E402
+import torchlib_once  # noqa: E402
+
+# every export of the run reads torchlib's function list once (tests/torchlib_once.py)
+torchlib_once.enable()
 
 # What start-up remembers (ssd_runtime.cache) goes to a folder of the run's own, never to
 # ~/.cache; each test gets a fresh one below, so that no test depends on another's.

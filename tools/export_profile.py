@@ -1,7 +1,7 @@
 """Where one trace of a tiny model goes (the tests' export): the dynamo exporter by stage.
 
     python tools/export_profile.py [--kind llama] [--layers 1] [--graph ort] [--repeats 3]
-                                   [--cprofile OUT.prof] [--bundle]
+                                   [--cprofile OUT.prof] [--bundle] [--read-once]
 
 Builds a tiny model as the tests do (tests/tiny.py: 4 heads of 16, 64 wide, eager attention)
 and runs graphs/trace.py's `export_decoder` on it `--repeats` times after one untimed warm-up
@@ -14,6 +14,7 @@ the exporter's own glue). Then parity against Hugging Face (ssd_export/parity.py
 pipeline runs it. Medians and the spread over the repeats are printed, with each stage's share.
 `--cprofile` also writes a cProfile of one more export. `--bundle` also times one whole
 bundle export (the tests' llama + llama_cut pair, rebuilt on disk) by the pipeline's stages.
+`--read-once` exports as the test suite does, reading torchlib's list once (tests/torchlib_once.py).
 """
 from __future__ import annotations
 
@@ -47,7 +48,13 @@ def main() -> None:
     p.add_argument("--cprofile", type=Path, help="write a cProfile of one more export here")
     p.add_argument("--bundle", action="store_true",
                    help="also time one llama + llama_cut bundle export by stage")
+    p.add_argument("--read-once", action="store_true",
+                   help="read torchlib's list once, as the test suite does")
     args = p.parse_args()
+    if args.read_once:
+        import torchlib_once
+
+        torchlib_once.enable()
 
     import torch
     from transformers import AutoModelForCausalLM

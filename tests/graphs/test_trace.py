@@ -1,16 +1,15 @@
-"""graphs/trace.py's torchlib_read_once: torch's exporter builds its op registry from this
-process's copy of torchlib's list, and the graph it writes is the one it writes without it."""
+"""tests/torchlib_once.py: with it, torch's exporter builds its op registry from this process's
+copy of torchlib's list, and the graph it writes is the one it writes without it."""
 from __future__ import annotations
-
-from contextlib import nullcontext
 
 import torch
 
 import tiny
+import torchlib_once
 from ssd_graphs import trace
 
 
-def test_reading_torchlib_once_writes_the_same_graph(tmp_path, monkeypatch):
+def test_reading_torchlib_once_writes_the_same_graph(tmp_path):
     """The whole ModelProto, weights read in: nodes (op, domain, names, inputs, outputs,
     attributes), initializers byte for byte, inputs and outputs with their shapes."""
     from transformers import AutoModelForCausalLM
@@ -19,12 +18,13 @@ def test_reading_torchlib_once_writes_the_same_graph(tmp_path, monkeypatch):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny.config_for("llama", tiny.VOCAB, layers=1),
                                              attn_implementation="eager").eval()
-    with trace.torchlib_read_once():        # the export below reads the process's copy
-        onnxscript_apis.get_torchlib_ops()
-    once = trace.export_decoder(model, "llama", tmp_path / "once" / "model.onnx", 64, "ort")
-    assert "get_torchlib_ops" not in vars(onnxscript_apis)     # the handle is left as it was
-    monkeypatch.setattr(trace, "torchlib_read_once", nullcontext)   # torch as it ships
-    plain = trace.export_decoder(model, "llama", tmp_path / "plain" / "model.onnx", 64, "ort")
+    with torchlib_once.read_once():
+        onnxscript_apis.get_torchlib_ops()      # the copy is made
+        once = trace.export_decoder(model, "llama", tmp_path / "once" / "model.onnx", 64, "ort")
+    with torchlib_once.as_shipped():
+        assert "get_torchlib_ops" not in vars(onnxscript_apis)
+        plain = trace.export_decoder(model, "llama", tmp_path / "plain" / "model.onnx", 64,
+                                     "ort")
     assert describe(once.path) == describe(plain.path)
     assert proto(once.path) == proto(plain.path)
 
@@ -32,18 +32,20 @@ def test_reading_torchlib_once_writes_the_same_graph(tmp_path, monkeypatch):
 def test_the_list_is_read_once_per_process(monkeypatch):
     from torch.onnx._internal._lazy_import import onnxscript_apis
 
-    reads = []
-    real = onnxscript_apis.get_torchlib_ops        # imports onnxscript's API behind the handle
+    with torchlib_once.as_shipped():        # whatever the session set, the count starts here
+        reads = []
+        real = onnxscript_apis.get_torchlib_ops     # onnxscript's own, behind the handle
 
-    def counted():
-        reads.append(1)
-        return real()
+        def counted():
+            reads.append(1)
+            return real()
 
-    monkeypatch.setattr(onnxscript_apis._module, "get_torchlib_ops", counted)
-    lists = []
-    for _ in range(3):
-        with trace.torchlib_read_once():
-            lists.append(onnxscript_apis.get_torchlib_ops())
+        monkeypatch.setattr(onnxscript_apis._module, "get_torchlib_ops", counted)
+        lists = []
+        for _ in range(3):
+            with torchlib_once.read_once():
+                lists.append(onnxscript_apis.get_torchlib_ops())
+            assert "get_torchlib_ops" not in vars(onnxscript_apis)
     assert len(reads) == 1 and len(lists[0]) > 400
     assert all(a is b for a, b in zip(lists[0], lists[2]))     # the same metas, in order
     assert lists[0] is not lists[2]                 # a fresh list each time: none is shared
