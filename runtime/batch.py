@@ -8,20 +8,18 @@
                 print(event.id, event.text, event.result)
 
 Each sequence owns one slot: its rows of both models' arenas and its own lengths, so
-rollback stays free per slot. A round is the single-sequence loop (round/loop.py) done for all
-running slots at once:
+rollback stays free per slot. A round is the loop's one round (round/loop.py, `Loop.round`)
+over every running sequence, the same code that decodes one sequence alone:
 
     prefill   at most PREFILL_BUDGET prompt tokens of newcomers, one slot at a time
-    lookup    a slot whose sequence repeats a continuation found earlier in it drafts that,
-              up to k tokens, and no model tokens this round, where lookup's learnt chance
-              beats the slot's model α (docs/design.md §6.1)
-    draft     k steps, each one call over slots 0..S-1 (row b: its own feed at its own
-              length; rows with nothing to draft carry a dummy token past their valid rows)
-    verify    one target call over every row's [last, d1..dk], padded to k+1
+    draft     each row's schedule and drafter start it (a lookup continuation where it pays,
+              docs/design.md §6.1); then model steps, each one call over the rows still
+              drafting (row b: its own feed at its own length)
+    verify    one target call over every row's [last, d1..dk], padded to the longest
     accept    each slot's own rule on its own rows; lengths advance per slot
 
-k is one for the batch: every row of a call is padded to the longest, so a slot drafting
-fewer tokens saves nothing; the cost model prices each k at this batch size and k=0 wins
+Under k="auto" the batch caps every row's k by the k that pays most for the batch at this
+many rows (batch_cost.best_k, from calls of this many rows timed on this machine); k=0 wins
 where speculation no longer pays.
 """
 from __future__ import annotations
@@ -36,11 +34,11 @@ import numpy as np
 from . import cache
 from .errors import ConfigError
 from .request import GenerationResult, Request
+from .round.drafting import Drafter, Schedule
 from .round.lookup import Lookup
-from .round.loop import Stats
+from .round.loop import Loop, Row, Stats
 from .scheduler.batch_cost import BatchCost, best_k, measure
 from .scheduler.learning import Acceptance
-from .scheduler.schedule import lookup_beats
 from .text import TextCodec, TextStream
 
 if TYPE_CHECKING:
@@ -52,8 +50,9 @@ PREFILL_BUDGET = 256          # prompt tokens prefilled per round (a chunk; docs
 
 class Owner(Protocol):
     """What a batch uses of the generator whose KV slots it decodes in (generator.Generator,
-    which is built on this module): its sessions and settings, how it checks a request, what
-    it has learnt and measured (a batch reads and adds to both), and its lock."""
+    which is built on this module): its sessions and settings, how it checks a request and
+    which schedule a sequence gets, what it has learnt and measured (a batch reads and adds
+    to both), and its lock."""
 
     target: ModelSession
     draft: ModelSession
@@ -70,7 +69,7 @@ class Owner(Protocol):
 
     def learnt(self, kind: str) -> Acceptance: ...
 
-    def prior(self) -> Acceptance: ...
+    def schedule(self, req: Request, own: bool = False) -> Schedule: ...
 
     def measurement_key(self, what: str, **more: Any) -> dict[str, Any] | None: ...
 
@@ -96,23 +95,14 @@ class _Sequence:
     req: Request
     text: TextStream
     stats: Stats
-    acceptance: Acceptance
     added: float = field(default_factory=perf_counter)
-    slot: int = -1
-    seq: list[int] = field(default_factory=list)
-    target_len: int = 0           # rows of valid keys/values in the slot of the target's arena
-    draft_len: int = 0            # ... and of the draft's
+    row: Row | None = None        # the loop's row, made when it takes a slot
     prefilled: bool = False
-    k: int = 0                    # this round's draft length
-    lookup: Lookup | None = None  # lookup drafts (docs/design.md §6.1), unless source "model"
-    looked: int = 0               # this round's drafts found by lookup (then none by the model)
-    matched: int = 0              # ... on an n-gram of this many tokens
-    lookup_learnt: Acceptance = field(default_factory=Acceptance)   # lookup tokens' acceptance
     first_round: float | None = None
 
     @property
-    def produced(self) -> int:
-        return len(self.seq) - len(self.req.ids)
+    def slot(self) -> int:
+        return -1 if self.row is None else self.row.slot
 
 
 class Batch:
@@ -128,6 +118,7 @@ class Batch:
                               f"{generator.max_batch}.")
         self.gen, self.k = generator, k
         self.target, self.draft = generator.target, generator.draft
+        self.loop = Loop(self.target, self.draft)
         self.max_context = generator.manifest.max_context
         self.slots: list[_Sequence | None] = [None] * slots
         self.waiting: deque[_Sequence] = deque()
@@ -135,10 +126,7 @@ class Batch:
         self.last_size = 0                       # sequences in the last decode round (metrics)
         self._next_id = 0
         self._done: list[Event] = []             # ended outside a round (cancel, no room)
-        target_vocab, draft_vocab = (generator.manifest.target.vocab_size,
-                                     generator.manifest.draft.vocab_size)
-        self._cut = target_vocab if draft_vocab > target_vocab else None
-        self._unknown = draft_vocab if target_vocab > draft_vocab else None
+        self._vocab = (generator.manifest.target.vocab_size, generator.manifest.draft.vocab_size)
         if k == "auto":                  # measured now, not in the middle of a round
             self.calibrate()
 
@@ -162,19 +150,10 @@ class Batch:
         seq = _Sequence(self._next_id, req, TextStream(self.gen.codec, req.stop),
                         Stats(backend=self.gen.backend, k=self.k, prompt_tokens=len(req.ids),
                               mode="batch", threads=f"{self.target.threads}:"
-                                                    f"{self.draft.threads}"),
-                        self._acceptance(req))
-        seq.seq = list(req.ids)
-        if req.source != "model":
-            seq.lookup = Lookup()
+                                                    f"{self.draft.threads}"))
         self._next_id += 1
         self.waiting.append(seq)
         return seq.id
-
-    def _acceptance(self, req: Request) -> Acceptance:
-        """A sequence's own estimate of α: under k="auto" from what earlier sequences of its
-        kind saw; at a fixed k from the prior alone, so that its drafts depend on it alone."""
-        return _copy(self.gen.learnt(req.kind)) if req.k == "auto" else self.gen.prior()
 
     def cancel(self, seq_id: int) -> bool:
         """Stop a sequence now (its slot is free for the next round); False if unknown."""
@@ -203,10 +182,19 @@ class Batch:
         return events + self._take_done()
 
     def _admit(self) -> None:
+        """Waiting sequences take the lowest free slots (calls span fewer rows), each with its
+        own schedule (under k="auto" from what earlier sequences of its kind saw, on its own
+        copy; at a fixed k from the prior alone, so that its drafts depend on it alone)."""
         while self.waiting and None in self.slots:
             seq = self.waiting.popleft()
-            seq.slot = self.slots.index(None)        # the lowest: calls span fewer rows
-            self.slots[seq.slot] = seq
+            slot = self.slots.index(None)
+            req = seq.req
+            schedule = self.gen.schedule(req, own=True)
+            lookup = Lookup() if req.source != "model" else None
+            seq.row = Row(list(req.ids), req.rule, schedule,
+                          Drafter(self.draft, req.rule, schedule, self._vocab, lookup, slot),
+                          seq.stats, req.eos_ids, req.max_new_tokens, len(req.ids))
+            self.slots[slot] = seq
 
     def _prefill(self) -> None:
         """Newcomers' prompts, PREFILL_BUDGET tokens a round in all (a long prompt takes
@@ -215,155 +203,47 @@ class Batch:
         for seq in self._running():
             if seq.prefilled:
                 continue
-            if len(seq.seq) >= self.max_context:       # no room for a single new token
+            row = seq.row
+            if len(row.seq) >= self.max_context:       # no room for a single new token
                 self._end(seq, "context")
                 continue
-            todo = len(seq.req.ids) - 1 - seq.target_len
-            chunk = seq.req.ids[seq.target_len:seq.target_len + min(todo, budget)]
+            todo = len(seq.req.ids) - 1 - row.target_len
+            chunk = seq.req.ids[row.target_len:row.target_len + min(todo, budget)]
             t0 = perf_counter()
             if chunk:
-                self.target.prefill(np.asarray(chunk, np.int64), seq.target_len, slot=seq.slot)
-                if seq.req.k != 0 and seq.req.source != "lookup":   # else the draft never runs
-                    self.draft.prefill(self._draft_ids(chunk), seq.draft_len, slot=seq.slot)
-                    seq.draft_len = seq.target_len + len(chunk)
-                seq.target_len += len(chunk)
+                self.target.prefill(np.asarray(chunk, np.int64), row.target_len, slot=row.slot)
+                if row.schedule.uses_draft:          # else the draft catches up if ever used
+                    drafter = row.drafter
+                    self.draft.prefill(drafter.ids(chunk), drafter.draft_len, slot=row.slot)
+                    drafter.draft_len = row.target_len + len(chunk)
+                row.target_len += len(chunk)
                 budget -= len(chunk)
             seq.stats.seconds["prefill"] += perf_counter() - t0
-            seq.prefilled = seq.target_len == len(seq.req.ids) - 1
+            seq.prefilled = row.target_len == len(seq.req.ids) - 1
             if budget <= 0:
                 break
 
     def _round(self, run: list[_Sequence]) -> list[Event]:
-        rows = max(s.slot for s in run) + 1          # slots 0..rows-1; holes carry dummies
-        k = self._batch_k(run, rows)
+        now = perf_counter()
         for seq in run:
-            room = self.max_context - len(seq.seq)
-            cap = seq.req.k if isinstance(seq.req.k, int) else k
-            seq.k = max(0, min(k, cap, room - 1, seq.req.max_new_tokens - seq.produced - 1))
             if seq.first_round is None:
-                seq.first_round = perf_counter()
-        # every row of a call writes [valid, valid + T): inside the context for holes too
-        valid = [self._target_len(slot) for slot in range(rows)]
-        most = min(self.max_context - 1 - v for v in valid)
-        for seq in run:
-            seq.k = min(seq.k, most)
-        t0 = perf_counter()
-        drafts, probs = self._draft_round(run, rows)
-        t1 = perf_counter()
-        width = 1 + max(s.k for s in run)
-        ids = np.zeros((rows, width), np.int64)
-        real = np.zeros(rows, np.int64)
-        for seq in run:
-            row = [seq.seq[-1], *drafts[seq.id]]
-            ids[seq.slot, :len(row)] = row
-            real[seq.slot] = len(row)
-        logits = self.target.forward_rows(ids, np.asarray(valid, np.int64), real)
-        t2 = perf_counter()
+                seq.first_round = now
+        slots = max(s.slot for s in run) + 1            # slots 0..slots-1; holes carry dummies
+        lengths = (np.asarray([self._target_len(s) for s in range(slots)], np.int64),
+                   np.asarray([self._draft_len(s) for s in range(slots)], np.int64))
+        emitted = self.loop.round([s.row for s in run], self._batch_k(run, slots), lengths)
         self.rounds += 1
         self.last_size = len(run)
-        events = []
-        for seq in run:
-            d = drafts[seq.id]
-            j, t = seq.req.rule.verify(logits[seq.slot, :len(d) + 1], d, probs[seq.id],
-                                       seq.target_len + 1)
-            seq.target_len += j + 1                  # rows for last, d1..dj stay valid
-            seq.draft_len = min(seq.draft_len, seq.target_len)
-            if seq.looked:
-                seq.stats.lookup_drafted += seq.looked
-                seq.stats.lookup_accepted += j
-                seq.lookup_learnt.observe_run(seq.looked, j, seq.matched)
-            elif d:                                   # α: of the draft model's tokens
-                seq.acceptance.observe(len(d), j)
-            events.append(self._emit(seq, [*d[:j], t], len(d), j, t1 - t0, t2 - t1))
+        events = [self._emit(seq, new) for seq, new in zip(run, emitted)]
         return [e for e in events if e is not None]
 
-    def _draft_round(self, run: list[_Sequence], rows: int
-                     ) -> tuple[dict[int, list[int]], dict[int, list]]:
-        """Draft each running sequence's k tokens: step i is one call over slots 0..rows-1."""
-        drafts: dict[int, list[int]] = {s.id: [] for s in run}
-        probs: dict[int, list] = {s.id: [] for s in run}
-        model = {}                                    # the draft model's tokens per sequence
-        for seq in run:
-            seq.looked = 0
-            if seq.k and seq.lookup is not None:      # a continuation found earlier: free
-                found, seq.matched = seq.lookup.find(seq.seq, seq.k)
-                # taken where its first token is as likely to pass as a model token (as a
-                # fixed k alone: schedule.lookup_beats)
-                if found and seq.req.source != "lookup" and \
-                        not lookup_beats(seq.lookup_learnt, seq.acceptance, seq.matched):
-                    found = []
-                drafts[seq.id], probs[seq.id] = found, [None] * len(found)   # point masses
-                seq.looked = len(found)
-            model[seq.id] = 0 if seq.looked or seq.req.source == "lookup" else seq.k
-        for seq in run:                               # a draft far behind catches up alone
-            feed = seq.seq[seq.draft_len:]
-            if model[seq.id] and len(feed) > 2:
-                self.draft.prefill(self._draft_ids(feed[:-1]), seq.draft_len, slot=seq.slot)
-                seq.draft_len += len(feed) - 1
-        for i in range(max(model.values())):
-            drafting = [s for s in run if model[s.id] > i]
-            feeds = {s.id: s.seq[s.draft_len:] if i == 0 else drafts[s.id][-1:] for s in drafting}
-            logits, tops, last = self._draft_call(drafting, feeds, rows)
-            for seq in drafting:
-                seq.draft_len += len(feeds[seq.id])
-                row = logits[seq.slot, last[seq.slot]:last[seq.slot] + 1]       # (1, vocab)
-                top = None
-                if tops is not None and last[seq.slot] == logits.shape[1] - 1:
-                    top = int(tops[0][seq.slot]), float(tops[1][seq.slot])  # the row's last's
-                if self._cut is not None:             # propose only ids the target has
-                    row = row[:, :self._cut]
-                    top = top if top is not None and top[0] < self._cut else None
-                token, q = seq.req.rule.draft_pick(row, seq.draft_len, top, drafts[seq.id])
-                drafts[seq.id].append(token)
-                probs[seq.id].append(q)
-                seq.stats.draft_calls += 1
-        return drafts, probs
-
-    def _draft_call(self, drafting: list[_Sequence], feeds: dict[int, list[int]], rows: int):
-        """One draft step for `drafting` (each its feed at its own length) over slots
-        0..rows-1: (logits (rows, T, vocab), tops or None, per slot the row of its last
-        token). Where the graph cannot batch several new tokens (the ort flavour), a feed of
-        two (a pending token and the last) goes in as two one-token calls, right-aligned."""
-        width = max(len(f) for f in feeds.values())
-        past = np.asarray([self._draft_len(slot) for slot in range(rows)], np.int64)
-        calls = width if width > 1 and not self.draft.batches_new_tokens else 1
-        step = width // calls
-        for c in range(calls):
-            ids = np.zeros((rows, step), np.int64)
-            real = np.zeros(rows, np.int64)
-            at = past.copy()
-            for seq in drafting:
-                feed = feeds[seq.id]
-                part = feed[len(feed) - width + c * step:][:step] if calls > 1 else feed
-                if calls > 1 and len(feed) - width + c < 0:
-                    part = []                         # this row's feed starts later
-                ids[seq.slot, :len(part)] = self._draft_ids(part) if part else 0
-                real[seq.slot] = len(part)
-                if calls > 1:
-                    at[seq.slot] = seq.draft_len + max(0, len(feed) - width + c)
-            logits = self.draft.forward_rows(ids, at, real)
-        last = {seq.slot: (len(feeds[seq.id]) - 1 if calls == 1 else 0) for seq in drafting}
-        return logits, self.draft.top_rows(rows), last
-
-    def _emit(self, seq: _Sequence, new: list[int], drafted: int, accepted: int,
-              draft_s: float, verify_s: float) -> Event | None:
-        ended = next((i for i, tok in enumerate(new) if tok in seq.req.eos_ids), None)
-        if ended is not None:
-            new = new[:ended + 1]
-        seq.seq += new
-        seq.req.rule.commit(new)
-        st = seq.stats
-        st.rounds += 1
-        st.target_calls += 1
-        st.drafted += drafted
-        st.accepted += accepted
-        st.new_tokens = seq.produced
-        st.seconds["draft"] += draft_s
-        st.seconds["verify"] += verify_s
+    def _emit(self, seq: _Sequence, new: list[int]) -> Event | None:
+        row = seq.row
         piece = seq.text.push(new)
-        reason = ("stop" if seq.text.stopped else "eos" if ended is not None
-                  else "length" if seq.produced >= seq.req.max_new_tokens
-                  else "context" if len(seq.seq) >= self.max_context else None)
+        room = row.room(self.max_context)
+        reason = ("stop" if seq.text.stopped else "eos" if new[-1] in row.eos_ids
+                  else "length" if row.produced >= seq.req.max_new_tokens
+                  else "context" if room <= 0 else None)
         if reason is None:
             return Event(seq.id, new, piece)
         result, tail = self._finish(seq, reason)
@@ -371,13 +251,17 @@ class Batch:
 
     # -- k per round -----------------------------------------------------------------------
 
-    def _batch_k(self, run: list[_Sequence], rows: int) -> int:
-        """The fixed k, or under "auto" the k that maximises the batch's expected tokens per
-        second at this many rows (batch_cost.best_k; docs/design.md §11)."""
+    def _batch_k(self, run: list[_Sequence], rows: int) -> int | None:
+        """The cap on every row's k: the fixed k, or under "auto" the k that maximises the
+        batch's expected tokens per second at this many rows (batch_cost.best_k; docs/design.md
+        §11). None for one sequence under "auto": its own schedule plans alone, as a sequence
+        decoded by itself does."""
         if self.k != "auto":
             return int(self.k)
-        return best_k([(s.acceptance.alpha, s.req.k if isinstance(s.req.k, int) else None)
-                       for s in run], self.cost(rows), self.gen.manifest.max_draft)
+        if len(run) == 1:
+            return None
+        return best_k([(s.row.schedule.learnt.alpha, s.req.k if isinstance(s.req.k, int)
+                        else None) for s in run], self.cost(rows), self.gen.manifest.max_draft)
 
     def calibrate(self) -> None:
         """Measure what calls of 1, 2, 4, ... rows cost, up to this batch's slots (once per
@@ -417,18 +301,11 @@ class Batch:
     def _target_len(self, slot: int) -> int:
         """Valid rows in the slot of the target's arena (0: free, or beyond this batch's)."""
         seq = self.slots[slot] if slot < len(self.slots) else None
-        return 0 if seq is None else seq.target_len
+        return 0 if seq is None else seq.row.target_len
 
     def _draft_len(self, slot: int) -> int:
         seq = self.slots[slot] if slot < len(self.slots) else None
-        return 0 if seq is None else seq.draft_len
-
-    def _draft_ids(self, tokens: list[int]) -> np.ndarray:
-        """Ids as the draft takes them: a target id the draft lacks (a padded vocabulary) is 0."""
-        ids = np.asarray(tokens, np.int64)
-        if self._unknown is not None and len(ids) and ids.max() >= self._unknown:
-            ids = np.where(ids >= self._unknown, 0, ids)
-        return ids
+        return 0 if seq is None else seq.row.drafter.draft_len
 
     def _end(self, seq: _Sequence, reason: str) -> None:
         """End a sequence outside a round; its last event comes with the next step."""
@@ -451,8 +328,8 @@ class Batch:
         st.seconds["decode"] = now - seq.first_round if seq.first_round is not None else 0.0
         st.seconds["host"] = max(0.0, st.seconds["decode"] - st.seconds["draft"]
                                  - st.seconds["verify"])
-        if st.drafted and self.k == "auto":           # what the next sequences start from
-            self.gen._learnt[seq.req.kind] = _copy(seq.acceptance)
+        if st.drafted and seq.req.k == "auto":        # what the next sequences start from
+            self.gen._learnt[seq.req.kind] = seq.row.schedule.learnt.carried()
         return GenerationResult(seq.text.ids, seq.text.text, reason, st), tail
 
     def _take_done(self) -> list[Event]:
@@ -471,11 +348,4 @@ class Batch:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _copy(learnt: Acceptance | None) -> Acceptance:
-    """A sequence's own estimate of α, starting from what earlier sequences of its kind saw."""
-    if learnt is None:
-        return Acceptance()
-    return Acceptance(accepted=learnt.accepted, rejected=learnt.rejected)
 

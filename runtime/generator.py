@@ -18,7 +18,7 @@ from .errors import ConfigError
 from .manifest import Manifest, read_manifest
 from .request import GenerationResult, Mode, Request
 from .round.acceptance import GreedyAcceptance, InvariantSampling, SamplingAcceptance
-from .round.drafting import SequentialDrafter, SplitDrafter
+from .round.drafting import Drafter, SplitDrafter
 from .round.heads import FusedGreedyAcceptance, FusedSamplingAcceptance, HeadSessions
 from .round.lookup import DRAFT_SOURCES, Lookup
 from .round.loop import Stats, decode
@@ -32,7 +32,7 @@ from .scheduler.learning import Acceptance
 from .scheduler.schedule import AdaptiveK, FixedK, RoundTimes
 from .text import TextCodec, TextStream
 
-DRAFTERS = {"sequential": SequentialDrafter, "split": SplitDrafter}
+DRAFTERS = {"sequential": Drafter, "split": SplitDrafter}
 
 
 class Generator:
@@ -243,10 +243,7 @@ class Generator:
                       threads=f"{self.target.threads}:{self.draft.threads}")
         text = TextStream(self.codec, req.stop, pieces)
         lookup = Lookup() if req.source != "model" else None
-        # a fixed k learns afresh each call: its drafts (and so a seeded rejection-rule run's
-        # tokens) depend on this call alone, not on what earlier calls saw
-        schedule = self._adaptive(req.kind, mode, req.source) if k == "auto" else \
-            FixedK(k, req.source != "lookup", self.prior(), Acceptance())
+        schedule = self.schedule(req)
         drafter = DRAFTERS[mode](self.draft, rule, schedule,
                                  (self.manifest.target.vocab_size, self.manifest.draft.vocab_size),
                                  lookup)
@@ -266,16 +263,25 @@ class Generator:
             stats.stop_reason = "stop"
         self.last_result = GenerationResult(text.ids, text.text, stats.stop_reason, stats)
 
-    def _adaptive(self, kind: str, mode: Mode, source: str = "fused") -> AdaptiveK:
-        """k="auto", starting from what earlier calls learnt: acceptance per decoding kind
-        (greedy, sampled, invariant) and source, round times per mode."""
-        cost, max_draft = self.cost_model(), self.manifest.max_draft
-        if mode not in self._times:
-            self._times[mode] = RoundTimes.from_cost(cost, max_draft)
-        lookup = self._learnt.setdefault(f"{kind}/lookup", Acceptance()) \
-            if source != "model" else None
-        return AdaptiveK(cost, max_draft, self.learnt(kind), self._times[mode], lookup=lookup,
-                         model=source != "lookup")
+    def schedule(self, req: Request, own: bool = False) -> AdaptiveK | FixedK:
+        """A sequence's schedule. A fixed k learns afresh each call: its drafts (and so a
+        seeded rejection-rule run's tokens) depend on this call alone, not on what earlier
+        calls saw. k="auto" starts from what earlier calls learnt: acceptance per decoding
+        kind (greedy, sampled, invariant) and source, round times per mode; `own` (a batch's
+        sequences, several at once) learns on a copy, which the batch keeps when the sequence
+        ends."""
+        if req.k != "auto":
+            return FixedK(req.k, req.source != "lookup", self.prior(), Acceptance())
+        cost, max_draft, kind = self.cost_model(), self.manifest.max_draft, req.kind
+        if req.mode not in self._times:
+            self._times[req.mode] = RoundTimes.from_cost(cost, max_draft)
+        learnt = self.learnt(kind).carried() if own else self.learnt(kind)
+        lookup = None
+        if req.source != "model":
+            lookup = Acceptance() if own else \
+                self._learnt.setdefault(f"{kind}/lookup", Acceptance())
+        return AdaptiveK(cost, max_draft, learnt, self._times[req.mode], lookup=lookup,
+                         model=req.source != "lookup")
 
     def learnt(self, kind: str) -> Acceptance:
         """What k="auto" knows of the draft's acceptance for a decoding kind: what earlier

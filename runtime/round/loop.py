@@ -1,8 +1,15 @@
-"""The draft → verify → correct loop of docs/design.md §4, batch 1.
+"""The draft → verify → correct loop of docs/design.md §4: one round for every running row.
 
-`decode` yields the tokens each round emits. It owns the two lengths: the
-target's rows advance by j + 1 per round, the draft's rows stay at what is
-still valid, and rejected rows are simply overwritten later (free rollback).
+`Loop.round` is the only round there is. A row is one sequence in its own slot of both
+models' arenas (its own lengths, rule, schedule and drafter); a round drafts for all rows
+together, one draft call per step over the rows still drafting, then verifies every row's
+`[last, d1..dk]` in one target call, and each row's rule judges its own rows. One row is a
+batch of one: its calls are the session's single-sequence forward (the logits stay where the
+backend leaves them, so the bundle's fused heads can judge them on a device). `decode` runs
+one sequence through it (Generator.generate and stream); batch.py runs many (continuous
+batching). The loop owns the lengths: the target's rows advance by j + 1 per round, the
+draft's stay at what is still valid, and rejected rows are simply overwritten later (free
+rollback).
 """
 from __future__ import annotations
 
@@ -13,7 +20,7 @@ from typing import Iterator
 import numpy as np
 
 from ..backends.base import ModelSession
-from .drafting import Schedule, SequentialDrafter
+from .drafting import Drafter, Schedule, call
 from .rules import Rule
 
 
@@ -74,59 +81,236 @@ class Stats:
                 "tokens_per_s": self.tokens_per_s, "seconds": dict(self.seconds)}
 
 
-def decode(target: ModelSession, drafter: SequentialDrafter,
-           rule: Rule, prompt: list[int], max_new_tokens: int,
-           schedule: Schedule, eos_ids: set[int], stats: Stats) -> Iterator[list[int]]:
-    """Yield the tokens of each round until EOS, max_new_tokens or the context end.
+@dataclass(eq=False)
+class Row:
+    """One sequence in the loop: its tokens, its target length, and who decides for it."""
 
-    A consumer may stop early (close the generator); the stats stay consistent.
-    """
+    seq: list[int]                # every token; seq[p] sits at position p
+    rule: Rule
+    schedule: Schedule
+    drafter: Drafter              # its draft state (draft_len, lookup, a split bet)
+    stats: Stats
+    eos_ids: set[int]
+    max_new_tokens: int
+    prompt_len: int
+    target_len: int = 0           # rows of valid keys/values in its slot of the target's arena
+    k: int = 0                    # this round's cap on drafted tokens
+    drafts: list[int] = field(default_factory=list)      # this round's, and their draft
+    probs: list = field(default_factory=list)            # probabilities (None: lookup)
+    left: int = 0                 # model tokens it may still draft this round
+    feed: list[int] = field(default_factory=list)       # what its next draft step takes
+
+    @property
+    def slot(self) -> int:
+        return self.drafter.slot
+
+    @property
+    def produced(self) -> int:
+        return len(self.seq) - self.prompt_len
+
+    def room(self, max_context: int) -> int:
+        """How many tokens it may still emit: 0 when it is done (length or context)."""
+        return min(max_context - len(self.seq), self.max_new_tokens - self.produced)
+
+
+class Loop:
+    """Rounds over a target and a draft session (their arenas' slots hold the rows)."""
+
+    def __init__(self, target: ModelSession, draft: ModelSession) -> None:
+        self.target, self.draft = target, draft
+        self.max_context = target.max_context
+
+    def round(self, rows: list[Row], cap: int | None = None,
+              lengths: tuple[np.ndarray, np.ndarray] | None = None) -> list[list[int]]:
+        """One round for `rows`; returns each row's emitted tokens (cut after an EOS).
+
+        `cap`: the batch's k (batch_cost.best_k), over each row's own schedule. `lengths`:
+        with several rows, every slot's valid (target, draft) rows up to the highest row's
+        slot (a call spans those slots; a slot without a row here takes a dummy token past
+        its valid rows, so whatever sits there stays)."""
+        t0 = perf_counter()
+        one = len(rows) == 1
+        span = None if one else lengths
+        most = self.max_context if span is None else \
+            int(self.max_context - 1 - span[0].max())   # every row of a call writes past it
+        for row in rows:
+            k = row.schedule.next_k()
+            if cap is not None:
+                k = min(k, cap)
+            row.k = max(0, min(k, row.room(self.max_context) - 1, most))
+            row.drafts, row.probs, row.left = row.drafter.start(row.seq, row.k)
+        self._draft(rows, span)
+        t1 = perf_counter()
+        for row in rows:
+            row.drafter.bet(row.drafts)          # split mode: the draft works on (§7)
+        logits = self._verify(rows, span)
+        t2 = perf_counter()
+        emitted = []
+        for row in rows:
+            d = row.drafts
+            rows_logits = logits if one else logits[row.slot, :len(d) + 1]
+            j, t = row.rule.verify(rows_logits, d, row.probs, row.target_len + 1)
+            row.schedule.observe(len(d), j, t2 - t0 if one else None)
+            row.target_len += j + 1              # rows for last, d1..dj stay valid
+            row.drafter.settle(row.target_len, j == len(d), t)
+            new = [*d[:j], t]
+            ended = next((i for i, tok in enumerate(new) if tok in row.eos_ids), None)
+            if ended is not None:
+                new = new[:ended + 1]
+            row.seq += new
+            row.rule.commit(new)
+            st = row.stats
+            st.rounds += 1
+            st.target_calls += 1
+            st.drafted += len(d)
+            st.accepted += j
+            if taken := row.drafter.from_lookup:
+                st.lookup_drafted += taken
+                st.lookup_accepted += min(j, taken)
+            st.seconds["draft"] += t1 - t0
+            st.seconds["verify"] += t2 - t1
+            st.new_tokens = row.produced
+            emitted.append(new)
+        return emitted
+
+    def _draft(self, rows: list[Row], span) -> None:
+        """The model's tokens of every row: step i is one draft call over the rows still
+        drafting, each its feed at its own length; after each token the row's schedule says
+        whether more pay (keep_drafting)."""
+        drafting = []
+        for row in rows:
+            if row.left:
+                row.feed = row.seq[row.drafter.draft_len:] + row.drafts
+                drafting.append(row)
+        while drafting:
+            if len(drafting) == 1:               # one call of its own, in its slot
+                row = drafting[0]
+                found = [(row, self._step_alone(row), self.draft.top())]
+            else:
+                found = self._step_rows(drafting, span)
+            drafting = []
+            for row, logits, top in found:
+                drafter = row.drafter
+                if drafter.cut is not None:          # propose only ids the target has
+                    logits = np.asarray(logits[-1])[None, :drafter.cut]
+                    top = top if top is not None and top[0] < drafter.cut else None
+                token, q = row.rule.draft_pick(logits, drafter.draft_len, top, row.drafts)
+                row.drafts.append(token)
+                row.probs.append(q)
+                row.left -= 1
+                row.feed = [token]
+                # asked after every token, the last too: the schedule learns each one's
+                # confidence from it
+                if row.schedule.keep_drafting(len(row.drafts), logits, top) and row.left:
+                    drafting.append(row)
+
+    def _step_alone(self, row: Row):
+        """One row's draft step: its whole feed in one call (a feed longer than a call takes
+        — the draft skipped by k = 0 rounds — is prefilled first)."""
+        drafter, feed = row.drafter, row.feed
+        if len(feed) > self.draft.max_new_len:
+            call(self.draft.prefill, drafter.ids(feed[:-1]), drafter.draft_len, row.slot)
+            drafter.draft_len += len(feed) - 1
+            feed = feed[-1:]
+        logits = call(self.draft.forward, drafter.ids(feed), drafter.draft_len, row.slot)
+        drafter.draft_len += len(feed)
+        drafter.draft_calls += 1
+        row.stats.draft_calls += 1
+        return logits
+
+    def _step_rows(self, drafting: list[Row], span):
+        """One draft step for several rows (each its feed at its own length) over slots
+        0..S-1: [(row, its last token's logits (1, vocab), its top or None)]. A feed of more
+        than two tokens (a draft far behind) catches up alone first; where the graph cannot
+        batch several new tokens per row (the ort flavour), a feed of two (a pending token
+        and the last) goes in as two one-token calls, right-aligned."""
+        draft = self.draft
+        for row in drafting:
+            if len(row.feed) > 2:
+                call(draft.prefill, row.drafter.ids(row.feed[:-1]), row.drafter.draft_len,
+                     row.slot)
+                row.drafter.draft_len += len(row.feed) - 1
+                row.feed = row.feed[-1:]
+        slots = max(row.slot for row in drafting) + 1
+        past = np.asarray(span[1][:slots] if span is not None else np.zeros(slots), np.int64)
+        for row in drafting:
+            past[row.slot] = row.drafter.draft_len
+        width = max(len(row.feed) for row in drafting)
+        calls = width if width > 1 and not draft.batches_new_tokens else 1
+        step = width // calls
+        for c in range(calls):
+            ids = np.zeros((slots, step), np.int64)
+            real = np.zeros(slots, np.int64)
+            at = past.copy()
+            for row in drafting:
+                feed = row.feed
+                if calls > 1:
+                    late = len(feed) - width + c          # < 0: this row's feed starts later
+                    part = feed[late:late + step] if late >= 0 else []
+                    at[row.slot] = row.drafter.draft_len + max(0, late)
+                else:
+                    part = feed
+                ids[row.slot, :len(part)] = row.drafter.ids(part) if part else 0
+                real[row.slot] = len(part)
+            logits = draft.forward_rows(ids, at, real)
+        tops = draft.top_rows(slots)
+        found = []
+        for row in drafting:
+            last = len(row.feed) - 1 if calls == 1 else 0
+            top = None
+            if tops is not None and last == logits.shape[1] - 1:
+                top = int(tops[0][row.slot]), float(tops[1][row.slot])  # the row's last's
+            row.drafter.draft_len += len(row.feed)
+            row.drafter.draft_calls += calls
+            row.stats.draft_calls += calls
+            found.append((row, logits[row.slot, last:last + 1], top))
+        return found
+
+    def _verify(self, rows: list[Row], span):
+        """One target call over every row's [last, d1..dk] at its own length: one row alone,
+        its logits (k+1, vocab) as the backend gives them; several, over slots 0..S-1 padded
+        to the longest (row b's padding is written past its valid rows and never kept)."""
+        if span is None:
+            row = rows[0]
+            return call(self.target.forward, np.asarray([row.seq[-1], *row.drafts], np.int64),
+                        row.target_len, row.slot)
+        slots = max(row.slot for row in rows) + 1
+        width = 1 + max(len(row.drafts) for row in rows)
+        ids = np.zeros((slots, width), np.int64)
+        real = np.zeros(slots, np.int64)
+        past = np.asarray(span[0][:slots], np.int64).copy()
+        for row in rows:
+            ids[row.slot, :len(row.drafts) + 1] = [row.seq[-1], *row.drafts]
+            real[row.slot] = len(row.drafts) + 1
+            past[row.slot] = row.target_len
+        return self.target.forward_rows(ids, past, real)
+
+
+def decode(target: ModelSession, drafter: Drafter, rule: Rule, prompt: list[int],
+           max_new_tokens: int, schedule: Schedule, eos_ids: set[int],
+           stats: Stats) -> Iterator[list[int]]:
+    """One sequence, a batch of one through `Loop.round`: yield the tokens of each round until
+    EOS, max_new_tokens or the context end. A consumer may stop early (close the generator);
+    the stats stay consistent."""
     start = perf_counter()
-    seq = list(prompt)                       # every token; seq[p] sits at position p
-    target.prefill(np.asarray(seq[:-1], np.int64))
-    target_len = len(seq) - 1                # rows of valid keys/values in the target's cache
+    row = Row(list(prompt), rule, schedule, drafter, stats, eos_ids, max_new_tokens,
+              len(prompt))
+    call(target.prefill, np.asarray(row.seq[:-1], np.int64), 0, row.slot)
+    row.target_len = len(row.seq) - 1
     if schedule.uses_draft:
-        drafter.prefill(seq[:-1])            # else the draft catches up if it is ever used
+        drafter.prefill(row.seq[:-1])        # else the draft catches up if it is ever used
+    loop = Loop(target, drafter.draft)
     spent = stats.seconds
     spent["prefill"] = perf_counter() - start
     decode_start = perf_counter()
     try:
         while True:
-            room = target.max_context - len(seq)
-            produced = len(seq) - len(prompt)
-            if produced >= max_new_tokens or room <= 0:
-                stats.stop_reason = "length" if produced >= max_new_tokens else "context"
+            if row.room(loop.max_context) <= 0:
+                stats.stop_reason = "length" if row.produced >= max_new_tokens else "context"
                 return
-            k_round = min(schedule.next_k(), room - 1, max_new_tokens - produced - 1)
-            t0 = perf_counter()
-            drafts, draft_probs = drafter.propose(seq, k_round)   # k_round = 0 drops a stale bet
-            t1 = perf_counter()
-            # verify: one target pass over [last, d1..dk] at positions target_len..target_len+k
-            drafter.bet(drafts)              # split mode: the draft works on while we verify
-            logits = target.forward(np.asarray([seq[-1], *drafts], np.int64), target_len)
-            t2 = perf_counter()
-            j, t = rule.verify(logits, drafts, draft_probs, target_len + 1)   # the first's position
-            schedule.observe(len(drafts), j, t2 - t0)
-            target_len += j + 1              # rows for last, d1..dj stay valid
-            drafter.settle(target_len, j == len(drafts), t)
-            new = [*drafts[:j], t]
-            ended = next((i for i, tok in enumerate(new) if tok in eos_ids), None)
-            if ended is not None:
-                new = new[:ended + 1]
-            seq += new
-            rule.commit(new)
-            stats.rounds += 1
-            stats.target_calls += 1
-            stats.drafted += len(drafts)
-            stats.accepted += j
-            if taken := drafter.from_lookup:
-                stats.lookup_drafted += taken
-                stats.lookup_accepted += min(j, taken)
-            spent["draft"] += t1 - t0
-            spent["verify"] += t2 - t1
-            stats.new_tokens = len(seq) - len(prompt)
+            new = loop.round([row])[0]
             yield new
-            if ended is not None:
+            if new[-1] in eos_ids:
                 stats.stop_reason = "eos"
                 return
     finally:

@@ -76,6 +76,11 @@ class Acceptance:
     def alpha(self) -> float:
         return self.accepted / (self.accepted + self.rejected)
 
+    def carried(self) -> Acceptance:
+        """α alone, for a sequence that starts from what earlier ones of its kind saw (a
+        batch's sequences learn on their own copies)."""
+        return Acceptance(accepted=self.accepted, rejected=self.rejected)
+
     def chance(self, top: float, position: int | None = None) -> float:
         """P(a draft token is accepted | its top probability [, its place in the round])."""
         return self.chance_in(tenth(top), position)

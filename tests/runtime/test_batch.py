@@ -222,10 +222,15 @@ def test_batch_cost_model_prices_each_batch_size(bundle_factory):
             assert batch.cost(rows) is cost                      # measured once
         batch.add(prompt_ids(7))
         batch.step()
+        # one sequence plans alone, as it does decoded by itself (its schedule, no cap)
+        assert batch._batch_k(batch._running(), 1) is None
+        batch.add(prompt_ids(9))
+        batch.step()
         run = batch._running()
+        assert len(run) == 2
         for seq in run:
-            seq.acceptance = Acceptance(accepted=90.0, rejected=10.0)   # α = 0.9
-        gen._batch_costs[1] = BatchCost(1, 0.01e-3, ((1, 1e-3), (9, 1.2e-3)))
-        assert batch._batch_k(run, 1) == gen.manifest.max_draft
-        gen._batch_costs[1] = BatchCost(1, 1e-3, ((1, 1e-3), (9, 9e-3)))  # compute-bound
-        assert batch._batch_k(run, 1) == 0
+            seq.row.schedule.learnt = Acceptance(accepted=90.0, rejected=10.0)   # α = 0.9
+        gen._batch_costs[2] = BatchCost(2, 0.01e-3, ((1, 1e-3), (9, 1.2e-3)))
+        assert batch._batch_k(run, 2) == gen.manifest.max_draft
+        gen._batch_costs[2] = BatchCost(2, 1e-3, ((1, 1e-3), (9, 9e-3)))  # compute-bound
+        assert batch._batch_k(run, 2) == 0

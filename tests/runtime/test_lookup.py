@@ -10,7 +10,7 @@ from test_sampling import EOS, chi_square_p, hf_processed, joint_of
 
 from ssd_runtime import ConfigError, Generator
 from ssd_runtime.round.acceptance import SamplingAcceptance
-from ssd_runtime.round.drafting import SequentialDrafter
+from ssd_runtime.round.drafting import Drafter
 from ssd_runtime.round.lookup import Lookup
 from ssd_runtime.round.loop import Stats, decode
 from ssd_runtime.round.sampling import SamplingParams, probabilities
@@ -107,7 +107,7 @@ def test_the_exactness_test_rejects_a_rule_that_trusts_lookups(small):
     samples = []
     for s in range(SAMPLES):
         rule, schedule = TrustLookups(SamplingParams(**setting, seed=s)), FixedK(4, model=False)
-        drafter = SequentialDrafter(gen.draft, rule, schedule, lookup=Lookup())
+        drafter = Drafter(gen.draft, rule, schedule, lookup=Lookup())
         ids = [t for new in decode(gen.target, drafter, rule, LOOPED, 6, schedule, {EOS},
                                    Stats()) for t in new]
         samples.append(_first_two(ids))

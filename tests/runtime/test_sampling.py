@@ -12,7 +12,7 @@ from scipy.stats import chisquare
 
 from ssd_runtime import ConfigError, Generator
 from ssd_runtime.round.acceptance import InvariantSampling, SamplingAcceptance
-from ssd_runtime.round.drafting import SequentialDrafter
+from ssd_runtime.round.drafting import Drafter
 from ssd_runtime.round.loop import Stats, decode
 from ssd_runtime.round.sampling import SamplingParams, probabilities
 from ssd_runtime.scheduler.schedule import FixedK
@@ -205,7 +205,7 @@ def test_the_test_rejects_a_wrong_rule(small, wrong):
     samples = []
     for s in range(SAMPLES):
         rule, schedule = wrong(SamplingParams(**setting, seed=s)), FixedK(4)
-        drafter = SequentialDrafter(gen.draft, rule, schedule)
+        drafter = Drafter(gen.draft, rule, schedule)
         ids = [t for new in decode(gen.target, drafter, rule, PROMPT, 5, schedule, {EOS}, Stats())
                for t in new]
         samples.append(first_two(ids))

@@ -53,7 +53,34 @@ def _metric(text: str, name: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
-def test_concurrent_requests_each_get_what_they_get_alone(server, bundle):
+@pytest.fixture
+def held(bundle):
+    """The real app in uvicorn (a thread) with 4 slots whose batch holds its first round until
+    4 requests have joined, so that they certainly share rounds (left to the clients' timing,
+    the overlap failed once in two runs: no two requests happened to share a round)."""
+    from serve_util import ThreadedServer
+    from ssd_runtime.serve.app import create_app
+    from ssd_runtime.serve.config import ServeConfig
+
+    app = create_app(ServeConfig(bundle=bundle, model_name=MODEL, max_queue=2, max_batch=4,
+                                 k=3), generator=Generator.load(bundle, max_batch=4, threads=1))
+    batch = app.state.server.engine.batch
+    step, deadline, started = batch.step, time.monotonic() + 60, []
+
+    def held_step():
+        if not started and batch.active < 4 and time.monotonic() < deadline:
+            time.sleep(0.005)                 # the worker adds what arrived, then asks again
+            return []
+        started.append(True)
+        return step()
+
+    batch.step = held_step
+    with ThreadedServer(app) as srv:
+        yield srv
+
+
+def test_concurrent_requests_each_get_what_they_get_alone(held, bundle):
+    server = held
     gen = Generator.load(bundle, threads=1)
     bodies = [dict(model=MODEL, prompt=p, max_tokens=6 + 3 * i, temperature=0, stream=i % 2 == 1)
               for i, p in enumerate(PROMPTS[:6])]

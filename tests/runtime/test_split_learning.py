@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ssd_runtime.round.acceptance import GreedyAcceptance
-from ssd_runtime.round.drafting import SequentialDrafter, SplitDrafter
+from ssd_runtime.round.drafting import Drafter, SplitDrafter
 from ssd_runtime.round.loop import Stats, decode
 from ssd_runtime.scheduler.cost import CostModel
 from ssd_runtime.scheduler.learning import Acceptance
@@ -59,7 +59,7 @@ def run(mode: str, tops: bool, p: float = 0.97, tokens: int = 120):
     schedule = AdaptiveK(cheap_draft(), max_k=4, learnt=learnt)
     rule = GreedyAcceptance()
     draft = Counting("draft", p, tops)
-    drafter = {"sequential": SequentialDrafter, "split": SplitDrafter}[mode](draft, rule, schedule)
+    drafter = {"sequential": Drafter, "split": SplitDrafter}[mode](draft, rule, schedule)
     stats = Stats(mode=mode)
     out = [t for new in decode(Counting("target", p, tops), drafter, rule, [1, 2, 3], tokens,
                                schedule, set(), stats) for t in new]
@@ -92,6 +92,6 @@ def test_a_hit_is_cut_where_the_stopping_rule_says():
     drafter.prefill([1, 2])
     drafter.ready = ([4, 5, 6, 7], [None] * 4, [(None, (t, 0.97)) for t in (5, 6, 7, 8)])
     schedule.next_k()
-    tokens, _ = drafter.propose([1, 2, 3], 4)
+    tokens, _, more = drafter.start([1, 2, 3], 4)
     drafter.close()
-    assert len(tokens) < 4 and len(schedule._tops) == len(tokens)
+    assert len(tokens) < 4 and len(schedule._tops) == len(tokens) and more == 0
