@@ -37,7 +37,7 @@ from .request import GenerationResult, Request
 from .round.drafting import Drafter, Schedule
 from .round.lookup import Lookup
 from .round.loop import Loop, Row, Stats
-from .scheduler.batch_cost import BatchCost, best_k, measure
+from .scheduler.batch_cost import BatchCost, LiveCost, best_k, measure
 from .scheduler.learning import Acceptance
 from .text import TextCodec, TextStream
 
@@ -62,6 +62,7 @@ class Owner(Protocol):
     max_batch: int
     recalibrate: bool
     _batch_costs: dict[int, BatchCost]       # per batch size, kept across batches
+    _live_costs: dict[int, LiveCost]         # ... and as the batches' own rounds correct them
     _learnt: dict[str, Acceptance]           # per decoding kind, kept across calls
 
     def request(self, prompt: str | Sequence[int], max_new_tokens: int, k: int | str,
@@ -232,6 +233,9 @@ class Batch:
         lengths = (np.asarray([self._target_len(s) for s in range(slots)], np.int64),
                    np.asarray([self._draft_len(s) for s in range(slots)], np.int64))
         emitted = self.loop.round([s.row for s in run], self._batch_k(run, slots), lengths)
+        if len(run) > 1:                # (one row's round times are its own schedule's)
+            draft_s, steps, verify_s, width = self.loop.last
+            self.live(slots).observe(width, verify_s, steps, draft_s)
         self.rounds += 1
         self.last_size = len(run)
         events = [self._emit(seq, new) for seq, new in zip(run, emitted)]
@@ -261,7 +265,7 @@ class Batch:
         if len(run) == 1:
             return None
         return best_k([(s.row.schedule.learnt.alpha, s.req.k if isinstance(s.req.k, int)
-                        else None) for s in run], self.cost(rows), self.gen.manifest.max_draft)
+                        else None) for s in run], self.live(rows), self.gen.manifest.max_draft)
 
     def calibrate(self) -> None:
         """Measure what calls of 1, 2, 4, ... rows cost, up to this batch's slots (once per
@@ -284,6 +288,15 @@ class Batch:
                 BatchCost.record, lambda data: BatchCost.from_record(data, size),
                 redo=self.gen.recalibrate)
         return cached
+
+    def live(self, rows: int) -> LiveCost:
+        """The costs of calls of `rows` rows as this generator's batches' rounds have corrected
+        them (batch_cost.LiveCost), kept on the generator across batches."""
+        cost = self.cost(rows)
+        live = self.gen._live_costs.get(cost.rows)
+        if live is None or live.cost is not cost:
+            live = self.gen._live_costs[cost.rows] = LiveCost(cost)
+        return live
 
     def _measure(self, rows: int) -> BatchCost:
         """Time calls of `rows` rows at each slot's own length (so live sequences keep their

@@ -25,7 +25,7 @@ from .round.loop import Stats, decode
 from .round.processors import Processors
 from .round.rules import Rule
 from .round.sampling import SamplingParams
-from .scheduler.batch_cost import BatchCost
+from .scheduler.batch_cost import BatchCost, LiveCost
 from .scheduler.calibration import calibrate
 from .scheduler.cost import CostModel
 from .scheduler.learning import Acceptance
@@ -61,6 +61,7 @@ class Generator:
         self._times: dict[str, RoundTimes] = {}      # ... and how long their rounds took, by mode
         self._busy = threading.Lock()                # held while a sequence decodes
         self._batch_costs: dict[int, BatchCost] = {}  # batch.py: a BatchCost per batch size
+        self._live_costs: dict[int, LiveCost] = {}    # ... corrected by the batches' rounds
 
     @classmethod
     def load(cls, bundle: str | Path, backend: str = "auto", threads: Threads = None,

@@ -119,6 +119,8 @@ class Loop:
     def __init__(self, target: ModelSession, draft: ModelSession) -> None:
         self.target, self.draft = target, draft
         self.max_context = target.max_context
+        # the last round's (draft seconds, draft steps, verify seconds, verified width)
+        self.last: tuple[float, int, float, int] = (0.0, 0, 0.0, 0)
 
     def round(self, rows: list[Row], cap: int | None = None,
               lengths: tuple[np.ndarray, np.ndarray] | None = None) -> list[list[int]]:
@@ -139,12 +141,13 @@ class Loop:
                 k = min(k, cap)
             row.k = max(0, min(k, row.room(self.max_context) - 1, most))
             row.drafts, row.probs, row.left = row.drafter.start(row.seq, row.k)
-        self._draft(rows, span)
+        steps = self._draft(rows, span)
         t1 = perf_counter()
         for row in rows:
             row.drafter.bet(row.drafts)          # split mode: the draft works on (§7)
         logits = self._verify(rows, span)
         t2 = perf_counter()
+        self.last = (t1 - t0, steps, t2 - t1, 1 + max(len(row.drafts) for row in rows))
         emitted = []
         for row in rows:
             d = row.drafts
@@ -173,16 +176,17 @@ class Loop:
             emitted.append(new)
         return emitted
 
-    def _draft(self, rows: list[Row], span) -> None:
+    def _draft(self, rows: list[Row], span) -> int:
         """The model's tokens of every row: step i is one draft call over the rows still
         drafting, each its feed at its own length; after each token the row's schedule says
-        whether more pay (keep_drafting)."""
-        drafting = []
+        whether more pay (keep_drafting). Returns the number of steps."""
+        drafting, steps = [], 0
         for row in rows:
             if row.left:
                 row.feed = row.seq[row.drafter.draft_len:] + row.drafts
                 drafting.append(row)
         while drafting:
+            steps += 1
             if len(drafting) == 1:               # one call of its own, in its slot
                 row = drafting[0]
                 found = [(row, self._step_alone(row), self.draft.top())]
@@ -203,6 +207,7 @@ class Loop:
                 # confidence from it
                 if row.schedule.keep_drafting(len(row.drafts), logits, top) and row.left:
                     drafting.append(row)
+        return steps
 
     def _step_alone(self, row: Row):
         """One row's draft step: its whole feed in one call (a feed longer than a call takes

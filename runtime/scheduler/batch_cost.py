@@ -53,7 +53,47 @@ class BatchCost:
         return cost
 
 
-def best_k(sequences: list[tuple[float, int | None]], cost: BatchCost, max_k: int) -> int:
+class LiveCost:
+    """A batch size's calibrated costs, corrected by the rounds a batch runs at that size.
+
+    The calibration times calls once, at one moment, at the slots' lengths then; a batch's
+    own rounds are the calls as they are (their contexts, the machine's load, the caches
+    after the other model). Each round of T verified tokens moves the factor of its T a
+    tenth of the way (in ratio) to what it took against the calibration, and its draft steps
+    the draft step's factor; a T not seen yet takes the mean factor of those seen (the
+    machine's pace). A round counts at most 25% over or 20% under what is expected of it, so
+    one preempted round cannot move them. So a batch prices speculation from its own
+    measurements: where its k > 0 rounds cost more than the calibration said, k falls."""
+
+    def __init__(self, cost: BatchCost, weight: float = 0.1) -> None:
+        self.cost, self.weight = cost, weight
+        self.verify_factor: dict[int, float] = {}
+        self.draft_factor = 1.0
+
+    def observe(self, width: int, verify_s: float, steps: int, draft_s: float) -> None:
+        expected = self.verify_time(width)
+        if expected > 0 and verify_s > 0:
+            self.verify_factor[width] = self._factor(width) * \
+                min(max(verify_s / expected, 0.8), 1.25) ** self.weight
+        step = self.cost.draft_step * self.draft_factor
+        if steps and step > 0 and draft_s > 0:
+            self.draft_factor *= min(max(draft_s / steps / step, 0.8), 1.25) ** self.weight
+
+    def _factor(self, width: int) -> float:
+        if width in self.verify_factor:
+            return self.verify_factor[width]
+        seen = list(self.verify_factor.values())
+        return float(np.exp(np.mean(np.log(seen)))) if seen else 1.0
+
+    def verify_time(self, length: int) -> float:
+        return self.cost.verify_time(length) * self._factor(length)
+
+    def round_time(self, k: int) -> float:
+        return k * self.cost.draft_step * self.draft_factor + self.verify_time(k + 1)
+
+
+def best_k(sequences: list[tuple[float, int | None]], cost: BatchCost | LiveCost,
+           max_k: int) -> int:
     """The k in [0, max_k] that maximises expected tokens per second for `sequences`, each
     (its α, its own cap on k or None): a capped sequence gains only up to its cap, and pays
     the batch's round all the same (its rows are padded to the longest)."""

@@ -240,3 +240,29 @@ def test_a_pair_measured_at_no_agreement_plans_without_dividing_by_zero():
         sched.next_k()
     best, thresholds = AdaptiveK(cpu_like(), 8).plan(0.0)
     assert best == 0 and thresholds == [float("inf")] * 8
+
+
+def test_a_batch_prices_speculation_from_its_own_rounds():
+    """batch_cost.LiveCost: the calibration said drafting pays at this batch size; the
+    batch's own rounds of 5 tokens take 3 times that, and k falls to 0 (speculation that its
+    own measurements say costs more than it saves is not run). One preempted round alone
+    does not move the choice."""
+    from ssd_runtime.scheduler.batch_cost import BatchCost, LiveCost, best_k
+
+    calibrated = BatchCost(4, 0.1e-3, ((1, 1.0e-3), (5, 1.2e-3), (9, 1.5e-3)))
+    rows = [(0.6, None)] * 4
+    live = LiveCost(calibrated)
+    planned = best_k(rows, live, 8)
+    assert planned >= 2
+    live.observe(5, 50e-3, 4, 0.4e-3)          # one round 40x slow: at most 25% counted
+    assert best_k(rows, live, 8) == planned and live.verify_time(5) < 1.03 * 1.2e-3
+    for _ in range(60):                        # every 1-token round as calibrated,
+        live.observe(1, 1.0e-3, 0, 0.0)
+        live.observe(5, 3.6e-3, 4, 0.4e-3)     # every 5-token one three times slower
+    assert live.verify_time(1) == pytest.approx(1.0e-3, rel=0.02)
+    assert live.verify_time(5) == pytest.approx(3.6e-3, rel=0.05)
+    assert best_k(rows, live, 8) == 0
+    fresh = LiveCost(calibrated)               # a T never seen takes the machine's pace
+    for _ in range(60):
+        fresh.observe(1, 2.0e-3, 0, 0.0)
+    assert fresh.verify_time(9) == pytest.approx(2 * 1.5e-3, rel=0.05)
