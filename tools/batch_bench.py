@@ -3,11 +3,13 @@
     python tools/batch_bench.py BUNDLE [--rows 1,2,4,8,16] [--k 0,auto] [--repeats 3]
                                 [--max-new-tokens 128] [--prompts FILE.jsonl] [--threads T:D]
                                 [--draft-source fused|model|lookup] [--recalibrate]
-                                [--json OUT]
+                                [--chat-template-from HF_DIR] [--json OUT]
 
 One process, one Generator loaded with max_batch = the largest row count. For each row count
 B and each repeat, every k of --k runs `generate_batch` over B prompts (taken in turn from
---prompts; greedy, ignore_eos so that each row asks for the same work), in an order that
+--prompts: JSONL with a "prompt", or "messages" rendered through --chat-template-from's chat
+template as tools/drafts_bench.py does; greedy, ignore_eos so that each row asks for the same
+work), in an order that
 rotates each repeat; tokens/s = all rows' new tokens / wall time of the call. Reported per B:
 each k's tokens/s (median and range), and each k's ratio to the first k of --k (k=0) per
 repeat, with the median and range. Every row's tokens are checked against the same prompt
@@ -38,14 +40,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", default=None, help="T:D intra-op threads (default: the runtime's)")
     p.add_argument("--draft-source", default="fused")
     p.add_argument("--recalibrate", action="store_true")
+    p.add_argument("--chat-template-from", default=None)
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     from ssd_runtime import Generator
 
     rows = [int(r) for r in args.rows.split(",")]
     ks = [k if k == "auto" else int(k) for k in args.k.split(",")]
-    lines = [json.loads(line) for line in args.prompts.read_text().splitlines() if line.strip()]
-    prompts = [x["prompt"] if isinstance(x, dict) else x for x in lines]
+    if args.chat_template_from:
+        sys.path.insert(0, str(HERE))
+        from drafts_bench import render
+
+        prompts = render(args.prompts, args.chat_template_from)
+    else:
+        lines = [json.loads(line) for line in args.prompts.read_text().splitlines()
+                 if line.strip()]
+        prompts = [x["prompt"] if isinstance(x, dict) else x for x in lines]
     threads = tuple(int(t) for t in args.threads.split(":")) if args.threads else None
     gen = Generator.load(args.bundle, threads=threads, max_batch=max(rows),
                          recalibrate=args.recalibrate)

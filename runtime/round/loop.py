@@ -191,7 +191,7 @@ class Loop:
                 row = drafting[0]
                 found = [(row, self._step_alone(row), self.draft.top())]
             else:
-                found = self._step_rows(drafting, span)
+                found = self._step_rows(drafting, rows, span)
             drafting = []
             for row, logits, top in found:
                 drafter = row.drafter
@@ -223,9 +223,11 @@ class Loop:
         row.stats.draft_calls += 1
         return logits
 
-    def _step_rows(self, drafting: list[Row], span):
+    def _step_rows(self, drafting: list[Row], rows: list[Row], span):
         """One draft step for several rows (each its feed at its own length) over slots
-        0..S-1: [(row, its last token's logits (1, vocab), its top or None)]. A feed of more
+        0..S-1: [(row, its last token's logits (1, vocab), its top or None)]. Every other slot
+        takes a dummy token at its current length (a row of the round that stopped drafting
+        has moved on since the round began). A feed of more
         than two tokens (a draft far behind) catches up alone first; where the graph cannot
         batch several new tokens per row (the ort flavour), a feed of two (a pending token
         and the last) goes in as two one-token calls, right-aligned."""
@@ -237,9 +239,10 @@ class Loop:
                 row.drafter.draft_len += len(row.feed) - 1
                 row.feed = row.feed[-1:]
         slots = max(row.slot for row in drafting) + 1
-        past = np.asarray(span[1][:slots] if span is not None else np.zeros(slots), np.int64)
-        for row in drafting:
-            past[row.slot] = row.drafter.draft_len
+        past = np.array(span[1][:slots] if span is not None else np.zeros(slots), np.int64)
+        for row in rows:
+            if row.slot < slots:
+                past[row.slot] = row.drafter.draft_len
         width = max(len(row.feed) for row in drafting)
         calls = width if width > 1 and not draft.batches_new_tokens else 1
         step = width // calls

@@ -102,6 +102,24 @@ def test_a_sequence_reaching_the_context_end_leaves_the_others_right(bundle_fact
         assert [r.stop_reason for r in batch] == [r.stop_reason for r in alone]
 
 
+def test_each_row_drafts_what_it_drafts_alone(bundle_factory):
+    """At a fixed k a row's drafts depend on it alone: rows that stop drafting early in a round
+    (k=1 beside k=4, one near its max_new_tokens) keep their draft caches, so every row drafts
+    and has accepted exactly what it does decoded by itself (a dummy token written over a
+    row's valid draft rows would show here as other acceptance, never as other output)."""
+    gen = Generator.load(bundle_factory("llama", "llama", graph="auto"), max_batch=4, threads=1)
+    asks = [dict(prompt=prompt_ids(7), k=1, max_new_tokens=20),
+            dict(prompt=prompt_ids(40), k=4, max_new_tokens=30),
+            dict(prompt=prompt_ids(1), k=4, max_new_tokens=9),
+            dict(prompt=prompt_ids(7)[:5], k=2, max_new_tokens=25)]
+    together = gen.generate_batch(asks, k=4)
+    for ask, res in zip(asks, together):
+        alone = gen.generate(**ask)
+        assert res.token_ids == alone.token_ids
+        assert (res.stats.drafted, res.stats.accepted) == \
+            (alone.stats.drafted, alone.stats.accepted), ask
+
+
 def test_seeded_sampling_gives_the_tokens_it_gives_alone(bundle_factory):
     gen = Generator.load(bundle_factory("llama", "llama_cut"), max_batch=4, threads=1)
     prompts = [dict(prompt=prompt_ids(7), temperature=0.8, seed=1),
