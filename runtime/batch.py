@@ -128,6 +128,7 @@ class Batch:
         self._next_id = 0
         self._done: list[Event] = []             # ended outside a round (cancel, no room)
         self._vocab = (generator.manifest.target.vocab_size, generator.manifest.draft.vocab_size)
+        self._cap: int | None = None             # this round's cap on k (None: none)
         if k == "auto":                  # measured now, not in the middle of a round
             self.calibrate()
 
@@ -176,6 +177,9 @@ class Batch:
         prompts, then draft, verify and accept for every running sequence."""
         events, self._done = self._done, []
         self._admit()
+        if self._running():             # whether this round drafts: newcomers' drafts wait
+            self._cap = self._batch_k(self._running(),
+                                      max(s.slot for s in self._running()) + 1)
         self._prefill()
         run = [s for s in self._running() if s.prefilled]
         if run:
@@ -213,8 +217,13 @@ class Batch:
             t0 = perf_counter()
             if chunk:
                 self.target.prefill(np.asarray(chunk, np.int64), row.target_len, slot=row.slot)
-                if row.schedule.uses_draft:          # else the draft catches up if ever used
-                    drafter = row.drafter
+                # the draft too, unless it would not run: its schedule never drafts, or the
+                # batch does not draft at this many rows (speculation does not pay there: a
+                # draft as large as the target's int8 copy would cost a second prefill for
+                # nothing); a row's draft catches up when it first drafts (loop.py)
+                drafter = row.drafter
+                if row.schedule.uses_draft and self._cap != 0 and \
+                        drafter.draft_len == row.target_len:
                     self.draft.prefill(drafter.ids(chunk), drafter.draft_len, slot=row.slot)
                     drafter.draft_len = row.target_len + len(chunk)
                 row.target_len += len(chunk)
@@ -232,7 +241,8 @@ class Batch:
         slots = max(s.slot for s in run) + 1            # slots 0..slots-1; holes carry dummies
         lengths = (np.asarray([self._target_len(s) for s in range(slots)], np.int64),
                    np.asarray([self._draft_len(s) for s in range(slots)], np.int64))
-        emitted = self.loop.round([s.row for s in run], self._batch_k(run, slots), lengths)
+        self._cap = self._batch_k(run, slots)
+        emitted = self.loop.round([s.row for s in run], self._cap, lengths)
         if len(run) > 1:                # (one row's round times are its own schedule's)
             draft_s, steps, verify_s, width = self.loop.last
             self.live(slots).observe(width, verify_s, steps, draft_s)

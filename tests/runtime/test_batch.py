@@ -120,6 +120,35 @@ def test_each_row_drafts_what_it_drafts_alone(bundle_factory):
             (alone.stats.drafted, alone.stats.accepted), ask
 
 
+def test_a_draft_left_behind_while_the_batch_did_not_draft_catches_up(bundle_factory,
+                                                                     monkeypatch):
+    """Rows prefill their draft only while the batch drafts (its last cap not 0): a prompt
+    whose first chunks went in while the batch did not draft skips the draft for the rest of
+    its prompt too, and its draft catches up when it first drafts, drafting and having
+    accepted what it does alone."""
+    import ssd_runtime.batch as batch_module
+
+    monkeypatch.setattr(batch_module, "PREFILL_BUDGET", 16)
+    gen = Generator.load(bundle_factory("llama", "llama", graph="auto"), max_batch=2, threads=1)
+    prompt = prompt_ids(40)
+    with gen.batch(k=4) as batch:
+        batch._batch_k = lambda run, rows: 0     # a size where k = 0 pays
+        batch.add(prompt, max_new_tokens=20)
+        batch.step()                         # chunk 1: the target alone
+        row = batch._running()[0].row
+        assert (row.target_len, row.drafter.draft_len) == (16, 0)
+        del batch._batch_k                   # the batch's own k (4) again
+        batch.step()                         # chunk 2 (the draft stays behind), and so on
+        assert row.drafter.draft_len == 0
+        results = []
+        while batch.active:
+            results += [e.result for e in batch.step() if e.result is not None]
+    alone = gen.generate(prompt, max_new_tokens=20, k=4)
+    assert results[0].token_ids == alone.token_ids
+    assert (results[0].stats.drafted, results[0].stats.accepted) == \
+        (alone.stats.drafted, alone.stats.accepted)
+
+
 def test_seeded_sampling_gives_the_tokens_it_gives_alone(bundle_factory):
     gen = Generator.load(bundle_factory("llama", "llama_cut"), max_batch=4, threads=1)
     prompts = [dict(prompt=prompt_ids(7), temperature=0.8, seed=1),
