@@ -177,9 +177,9 @@ class Batch:
         prompts, then draft, verify and accept for every running sequence."""
         events, self._done = self._done, []
         self._admit()
-        if self._running():             # whether this round drafts: newcomers' drafts wait
-            self._cap = self._batch_k(self._running(),
-                                      max(s.slot for s in self._running()) + 1)
+        running = self._running()
+        if running:         # this round's cap, known before the prefill: newcomers' drafts wait
+            self._cap = self._batch_k(running, max(s.slot for s in running) + 1)
         self._prefill()
         run = [s for s in self._running() if s.prefilled]
         if run:
@@ -241,7 +241,8 @@ class Batch:
         slots = max(s.slot for s in run) + 1            # slots 0..slots-1; holes carry dummies
         lengths = (np.asarray([self._target_len(s) for s in range(slots)], np.int64),
                    np.asarray([self._draft_len(s) for s in range(slots)], np.int64))
-        self._cap = self._batch_k(run, slots)
+        if len(run) != len(self._running()):      # newcomers still prefilling: without them
+            self._cap = self._batch_k(run, slots)
         emitted = self.loop.round([s.row for s in run], self._cap, lengths)
         if len(run) > 1:                # (one row's round times are its own schedule's)
             draft_s, steps, verify_s, width = self.loop.last

@@ -2,7 +2,7 @@
 
     python tools/ab_runtime.py BUNDLE --old SRC [--k 0,auto] [--batch 1,8] [--rounds 3]
                                [--prompts FILE.jsonl] [--max-new-tokens 128] [--threads 2:1]
-                               [--json OUT]
+                               [--mode sequential|split] [--json OUT]
 
 SRC is another checkout's `runtime/` folder (e.g. `git worktree add /tmp/old REF` and
 `--old /tmp/old/runtime`): each round runs the old and the new runtime in fresh processes,
@@ -33,7 +33,7 @@ if spec["src"]:
 from ssd_runtime import Generator
 t, d = (int(x) for x in spec["threads"].split(":"))
 batch = max(spec["batch"])
-gen = Generator.load(spec["bundle"], threads=(t, d), max_batch=batch)
+gen = Generator.load(spec["bundle"], threads=(t, d), max_batch=batch, mode=spec["mode"])
 prompts = spec["prompts"]
 n = spec["max_new_tokens"]
 out = {}
@@ -60,7 +60,7 @@ print(json.dumps(out))
 def run(version: str, src: str | None, args, prompts) -> dict:
     spec = {"src": src, "bundle": str(args.bundle), "threads": args.threads,
             "batch": args.batch, "k": args.k, "prompts": prompts,
-            "max_new_tokens": args.max_new_tokens}
+            "max_new_tokens": args.max_new_tokens, "mode": args.mode}
     env = dict(os.environ)
     proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], capture_output=True,
                           text=True, env=env, cwd=tempfile.gettempdir())
@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", default="2:1")
+    p.add_argument("--mode", default="sequential", choices=["sequential", "split"])
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     args.k = args.k.split(",")
