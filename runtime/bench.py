@@ -3,6 +3,8 @@
 Configurations (k × mode × thread placement) are interleaved prompt by
 prompt so that machine noise hits them alike; the report gives tokens/s,
 speed-up, α, c, v(k), the analytic bound and the efficiency measured/bound.
+Unless --threads names placements, each mode runs at the placement the runtime
+picks by itself (remembered, or timed at this load), so the figures are a user's.
 """
 from __future__ import annotations
 
@@ -27,13 +29,20 @@ from .scheduler.cost import CostModel, expected_tokens
 class Config:
     k: int | str
     mode: str
-    threads: tuple[int, int]
+    threads: tuple[int, int] | None      # target:draft; None: what the runtime picks itself
     source: str = "fused"         # lookup.DRAFT_SOURCES (k=0 drafts nothing: not named)
 
     @property
-    def name(self) -> str:
+    def load(self) -> tuple:
+        """The generator it runs on: one per placement given, one per mode for the default
+        (the runtime picks threads per mode, docs/design.md §9)."""
+        return (self.threads, self.mode if self.threads is None else "sequential")
+
+    def name(self, threads: str) -> str:
+        """`threads`: the placement it ran at, e.g. "2:1"."""
         source = "" if self.k == 0 else f" {self.source}"
-        return f"k={self.k}{source} {self.mode} threads={self.threads[0]}:{self.threads[1]}"
+        default = " (default)" if self.threads is None else ""
+        return f"k={self.k}{source} {self.mode} threads={threads}{default}"
 
 
 def load_prompts(path: str | None) -> list[str]:
@@ -66,13 +75,15 @@ def run_bench(bundle: str, configs: list[Config], prompts: list[str], max_new_to
               draft_backend: str | None = None) -> dict:
     from .generator import Generator
 
-    placements = sorted({c.threads for c in configs})
-    gens = {t: Generator.load(bundle, backend=backend, threads=t, recalibrate=recalibrate,
-                              draft_backend=draft_backend) for t in placements}
+    placements = list(dict.fromkeys(c.load for c in configs))
+    gens = {t: Generator.load(bundle, backend=backend, threads=t[0], mode=t[1],
+                              recalibrate=recalibrate, draft_backend=draft_backend)
+            for t in placements}
+    threads = {t: f"{gen.target.threads}:{gen.draft.threads}" for t, gen in gens.items()}
     runs: dict[Config, list] = {c: [] for c in configs}
     outputs: dict[int, list[int]] = {}               # the target alone's tokens per prompt
     for c in configs:                                    # warm-up, not recorded
-        gens[c.threads].generate(prompts[0], max_new_tokens=8, k=c.k, mode=c.mode,
+        gens[c.load].generate(prompts[0], max_new_tokens=8, k=c.k, mode=c.mode,
                                  draft_source=c.source)
     # the bound's c and v(k): one timed pass of each k (after a warm-up pass) before every
     # prompt, beside the runs, and the median of them all taken: the machine's state moves,
@@ -87,7 +98,7 @@ def run_bench(bundle: str, configs: list[Config], prompts: list[str], max_new_to
                                                  repeats=1))
             shift = (r * len(prompts) + p) % len(configs)
             for c in configs[shift:] + configs[:shift]:   # rotate the order every prompt
-                res = gens[c.threads].generate(prompt, max_new_tokens=max_new_tokens, k=c.k,
+                res = gens[c.load].generate(prompt, max_new_tokens=max_new_tokens, k=c.k,
                                                mode=c.mode, temperature=temperature,
                                                seed=p if temperature else None,
                                                coupling=coupling, draft_source=c.source)
@@ -97,30 +108,35 @@ def run_bench(bundle: str, configs: list[Config], prompts: list[str], max_new_to
     # k=0 per thread placement: the bound's (and so the efficiency's) own baseline; the
     # speed-up column is against the fastest of them
     costs = {t: CostModel.median(calibrations[t]) for t in placements}
-    own = {c.threads: _tokens_per_s(runs[c]) for c in configs if c.k == 0}
+    own = {threads[c.load]: _tokens_per_s(runs[c]) for c in configs if c.k == 0}
     baseline = max(own.values()) if own else None
-    summary = {c: _summary(c, runs[c], costs[c.threads], baseline, own.get(c.threads, baseline))
+    summary = {c: _summary(c, threads[c.load], runs[c], costs[c.load], baseline,
+                           own.get(threads[c.load], baseline))
                for c in configs if c.k != "auto"}
     for c in configs:
         if c.k == "auto":       # its bound: the best fixed k's, at α of the fixed-k rows beside it
             alphas = [r["alpha"] for f, r in summary.items()
-                      if f.k and (f.threads, f.mode, f.source) == (c.threads, c.mode, c.source)]
-            summary[c] = _summary(c, runs[c], costs[c.threads], baseline,
-                                  own.get(c.threads, baseline),
+                      if f.k and (f.load, f.mode, f.source) == (c.load, c.mode, c.source)]
+            summary[c] = _summary(c, threads[c.load], runs[c], costs[c.load], baseline,
+                                  own.get(threads[c.load], baseline),
                                   float(np.median(alphas)) if alphas else None)
     rows = [summary[c] for c in configs]
     looping = sorted(p for p, ids in outputs.items() if loops(ids))
     if outputs:                 # the gain on text that loops, apart from the rest
         for c, row in zip(configs, rows):
-            row.update(_by_loops(c, looping, runs))
+            row.update(_by_loops(c, looping, runs, threads))
     first = gens[placements[0]]
     cores = cpu_cores() if first.backend == "cpu" else None
     return {"bundle": str(bundle), "backend": first.backend, "backend_reason": first.backend_reason,
             "max_new_tokens": max_new_tokens, "temperature": temperature, "coupling": coupling,
             "prompts": len(prompts), "repeats": repeats, "baseline_tokens_per_s": baseline,
             "cpu_cores": cores,
-            "calibration": {f"{t[0]}:{t[1]}": _calibration_row(costs[t], calibrations[t])
+            "calibration": {threads[t]: _calibration_row(costs[t], calibrations[t])
                             for t in placements},
+            # the threads each generator ran at, and where they came from (measured at this
+            # load, remembered, or given: docs/design.md §9)
+            "placements": {_placement_name(t, threads[t]): _placement(gens[t])
+                           for t in placements},
             "looping_prompts": looping if outputs else None,
             "results": rows, "split_vs_sequential": split_against_sequential(rows, cores)}
 
@@ -139,10 +155,21 @@ def loops(tokens: list[int]) -> bool:
     return False
 
 
-def _by_loops(c: Config, looping: list[int], runs: dict[Config, list]) -> dict:
+def _placement_name(load: tuple, threads: str) -> str:
+    """e.g. "default sequential" or "2:1"."""
+    return f"default {load[1]}" if load[0] is None else threads
+
+
+def _placement(gen) -> dict | None:
+    return gen.placement.as_dict() if gen.placement is not None else None
+
+
+def _by_loops(c: Config, looping: list[int], runs: dict[Config, list],
+              threads: dict[tuple, str]) -> dict:
     """c's tokens/s and × k=0 (same threads) over the prompts whose target output loops, and
     over the others."""
-    base = next((r for f, r in runs.items() if f.k == 0 and f.threads == c.threads), None)
+    base = next((r for f, r in runs.items()
+                 if f.k == 0 and threads[f.load] == threads[c.load]), None)
     out = {}
     for name, keep in (("loop", lambda p: p in looping), ("no_loop", lambda p: p not in looping)):
         mine = [(p, s) for p, s in runs[c] if keep(p)]
@@ -170,7 +197,7 @@ def _tokens_per_s(runs: list) -> float:
     return float(np.median([n / t for n, t in per_prompt.values() if t > 0]))
 
 
-def _summary(c: Config, runs: list, cost: CostModel, baseline: float | None,
+def _summary(c: Config, threads: str, runs: list, cost: CostModel, baseline: float | None,
              own_baseline: float | None, pair_alpha: float | None = None) -> dict:
     """One configuration's figures. k="auto" is held to the best fixed k's bound, at the
     pair's α (`pair_alpha`: fitted to the fixed-k rows of the same threads and mode, where the
@@ -195,7 +222,8 @@ def _summary(c: Config, runs: list, cost: CostModel, baseline: float | None,
     speedup = tps / baseline if baseline else None
     own_speedup = tps / own_baseline if own_baseline else None
     return {
-        "config": c.name, "k": c.k, "mode": c.mode, "threads": f"{c.threads[0]}:{c.threads[1]}",
+        "config": c.name(threads), "k": c.k, "mode": c.mode, "threads": threads,
+        "default_placement": c.threads is None,
         "source": c.source if c.k != 0 else None, "tokens_per_s": tps,
         "ms_per_token": 1e3 / tps if tps else None, "speedup": speedup,
         "acceptance_rate": accepted / drafted if drafted else 0.0, "alpha": alpha,
@@ -276,8 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated: fused (lookup where it pays, the draft model "
                         "elsewhere), model, lookup (docs/runtime.md)")
     p.add_argument("--threads", default=None,
-                   help="comma-separated target:draft placements (default: the runtime's choice "
-                        "for sequential, 1:1 for split)")
+                   help="comma-separated target:draft placements, and/or 'default' (the "
+                        "runtime's own choice, remembered or timed at load; what runs when "
+                        "--threads is not given)")
     p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda", "trt"),
                    help="auto: trt, then cuda, then cpu (the report says which and why)")
     p.add_argument("--draft-backend", default=None, choices=("cpu", "cuda", "trt"),
@@ -350,11 +379,11 @@ def _plot_format(name: str) -> None:
 def _configs(args) -> list[Config]:
     try:
         ks = [k if k == "auto" else int(k) for k in args.k.split(",")]
-        placements = [tuple(int(n) for n in t.split(":")) for t in args.threads.split(",")] \
-            if args.threads else None
+        placements = [None if t == "default" else tuple(int(n) for n in t.split(":"))
+                      for t in args.threads.split(",")] if args.threads else None
     except ValueError:
         raise ConfigError(f"--k {args.k!r} / --threads {args.threads!r}: expected e.g. "
-                          f"--k 0,2,4,auto and --threads 2:1,1:1.") from None
+                          f"--k 0,2,4,auto and --threads default,2:1,1:1.") from None
     modes = args.mode.split(",")
     if bad := [m for m in modes if m not in ("sequential", "split")]:
         raise ConfigError(f"--mode {bad[0]!r} is unknown; use sequential and/or split.")
@@ -365,12 +394,11 @@ def _configs(args) -> list[Config]:
     for flag, value in (("--repeats", args.repeats), ("--max-new-tokens", args.max_new_tokens)):
         if value < 1:
             raise ConfigError(f"{flag} {value} must be at least 1.")
-    if placements and any(len(t) != 2 or min(t) < 1 for t in placements):
+    if placements and any(t is not None and (len(t) != 2 or min(t) < 1) for t in placements):
         raise ConfigError(f"--threads {args.threads!r}: each placement is TARGET:DRAFT, >= 1.")
     configs = []
     for mode in modes:
-        default = [(cpu_cores(), 1)] if mode == "sequential" else [(max(1, cpu_cores() - 1), 1)]
-        for t in placements or default:
+        for t in placements or [None]:
             if 0 in ks and mode == "sequential":          # drafts nothing: one row
                 configs.append(Config(0, mode, t, "model"))
             configs += [Config(k, mode, t, source) for k in ks if k != 0 for source in sources]
@@ -382,15 +410,17 @@ def _configs(args) -> list[Config]:
 
 
 def format_table(report: dict) -> str:
-    head = (f"{'config':<40} {'tok/s':>8} {'x k=0':>6} {'alpha':>6} {'k':>4} {'acc/rd':>6} "
+    head = (f"{'config':<48} {'tok/s':>8} {'x k=0':>6} {'alpha':>6} {'k':>4} {'acc/rd':>6} "
             f"{'lk%':>4} {'a.lk':>5} {'a.md':>5} {'bound':>6} {'eff':>5} {'draft':>7} "
             f"{'verify':>7} {'host':>6} {'host%':>6}")
-    lines = [f"backend: {report.get('backend_reason') or report.get('backend', '?')}", head,
-             "-" * len(head)]
+    lines = [f"backend: {report.get('backend_reason') or report.get('backend', '?')}"]
+    lines += [f"threads target:draft, {name}: {p['described']}"
+              for name, p in (report.get("placements") or {}).items() if p]
+    lines += [head, "-" * len(head)]
     for r in report["results"]:
         ms = r["per_round_ms"] or {"draft": 0, "verify": 0, "host": 0}
         lines.append(
-            f"{r['config']:<40} {r['tokens_per_s']:8.1f} {_f(r['speedup'], 6)} {r['alpha']:6.2f} "
+            f"{r['config']:<48} {r['tokens_per_s']:8.1f} {_f(r['speedup'], 6)} {r['alpha']:6.2f} "
             f"{r['mean_k']:4.1f} {r['mean_accepted_per_round']:6.2f} "
             f"{100 * r['lookup_share']:4.0f} {_f(r['lookup_acceptance'], 5)} "
             f"{_f(r['model_acceptance'], 5)} {r['bound']:6.2f} "

@@ -16,8 +16,10 @@ from typing import Any, Callable, TypeVar
 
 from .machine import cpu_cores, cpu_model
 
-VERSION = 2                   # of the files below; another version's files are ignored
-# (2: sessions stop spinning when a run returns, docs/design.md §9: older timings are stale)
+VERSION = 3                   # of the files below; another version's files are ignored
+# (2: sessions stop spinning when a run returns, docs/design.md §9: older timings are stale;
+# 3: a thread placement is kept with how busy the machine was when it was timed, and the
+# all-cores default is left only for a clear gain: older placements may be a busy moment's)
 ENV = "SSD_CACHE_DIR"         # where the cache lives (default $XDG_CACHE_HOME/ssd, ~/.cache/ssd)
 # A file is remembered as checked only once its last change is this far in the past, by the
 # file system's clock: a write in the same clock tick as the check (ticks of a few ms, 2 s on

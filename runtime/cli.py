@@ -42,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-backend", default=None, choices=("cpu", "cuda", "trt"),
                    help="the draft's backend where it differs: cpu beside a cuda or trt target "
                         "(default: the target's)")
-    p.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads")
+    p.add_argument("--threads", type=int, default=None,
+                   help="ONNX Runtime intra-op threads of each model (default: chosen by timing "
+                        "and remembered; --stats says which and where from)")
     p.add_argument("--recalibrate", action="store_true",
                    help="measure again what start-up remembers for this bundle and machine: "
                    "the CPU threads and the k=auto calibration (docs/runtime.md)")
@@ -69,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         res = gen.generate(args.prompt, **options)
         print(json.dumps({"text": res.text, "token_ids": res.token_ids,
-                          "stop_reason": res.stop_reason, "stats": res.stats.as_dict()}))
+                          "stop_reason": res.stop_reason, "stats": res.stats.as_dict(),
+                          "placement": gen.placement.as_dict() if gen.placement else None}))
         return 0
     for piece in gen.stream(args.prompt, **options):
         sys.stdout.write(piece)
@@ -77,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write("\n")
     if args.stats:
         print(format_stats(gen.last_result.stats), file=sys.stderr)
+        print(f"threads target:draft {format_placement(gen.placement)}", file=sys.stderr)
     return 0
 
 
@@ -88,6 +92,12 @@ def k_option(text: str) -> int | str:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"k must be 'auto' or an integer, not {text!r}") from None
+
+
+def format_placement(placement) -> str:
+    """e.g. '2:1 (measured at this load; 0.1 cores busy elsewhere then: quiet)'; a GPU
+    backend's threads are not placed."""
+    return placement.describe() if placement is not None else "- (not on the CPU)"
 
 
 def format_stats(s) -> str:

@@ -50,6 +50,7 @@ class Generator:
         self.backend = opened.backend            # "cpu" | "cuda" | "trt": the target's
         self.draft_backend = opened.draft_backend or opened.backend
         self.backend_reason = opened.reason      # e.g. "cpu (auto): trt skipped: TensorRT …"
+        self.placement = opened.placement        # CPU threads and their source (None on a GPU)
         if fused_heads is None:              # on a device, decisions stay next to the logits
             fused_heads = self.backend != "cpu" and bool(manifest.heads)
         self.heads = HeadSessions(root, manifest.heads, _head_device(self.backend)) \

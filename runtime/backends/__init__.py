@@ -3,25 +3,27 @@
 `auto` picks TensorRT (when the bundle has engines for this GPU and TensorRT
 version), then ORT CUDA, then ORT CPU, and says why (select.py decides from
 plain facts). With `threads=None` each CPU model's intra-op thread count is
-chosen by timing a few steps at 1 thread and at every core it may have: all of
-them in sequential mode; in split mode, where the draft runs on a thread of its
-own beside the target's verification, one core is the draft's and the rest the
-target's. The choice is remembered per bundle, machine and mode (cache.py), since timing
-it takes longer than the rest of a load; `recalibrate` times it again.
+chosen by timing a few steps at 1 thread and at every core it may have
+(placement.py: all of them unless fewer are clearly faster): all cores in
+sequential mode; in split mode, where the draft runs on a thread of its own
+beside the target's verification, one core is the draft's and the rest the
+target's. The choice is remembered per bundle, machine and mode (cache.py), since
+timing it takes longer than the rest of a load; one timed while other processes
+kept the cores busy is timed again on later loads; `recalibrate` times it again.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from time import perf_counter
-
-import numpy as np
+from time import sleep
 
 from .. import cache
 from ..errors import BackendError, ConfigError
 from ..machine import cpu_cores
 from ..manifest import Manifest, ModelEntry
+from ..machine import Busy
 from .base import ModelSession
+from .placement import QUIET_WINDOW_S, RECHECKS, Placement, fastest, recheck
 from .select import Facts, Plan, describe, plan
 
 BACKENDS = ("auto", "cpu", "cuda", "trt")
@@ -35,6 +37,7 @@ class Opened:
     backend: str          # "cpu" | "cuda" | "trt": the target's
     reason: str           # why this backend, e.g. "cpu (auto): TensorRT: not installed; ..."
     draft_backend: str = ""   # the draft's, where it differs (a CPU draft beside a GPU target)
+    placement: Placement | None = None   # the CPU threads and where they came from (cpu only)
 
 
 def open_backend(root: Path, manifest: Manifest, backend: str = "auto",
@@ -76,8 +79,8 @@ def open_backend(root: Path, manifest: Manifest, backend: str = "auto",
                 draft = _open_one("cpu", root, manifest, "draft", placement[1], chosen_plan,
                                   max_batch)
             else:
-                target, draft = _OPENERS[name](root, manifest, placement, chosen_plan, mode,
-                                               max_batch, recalibrate)
+                target, draft, *chosen = _OPENERS[name](root, manifest, placement, chosen_plan,
+                                                        mode, max_batch, recalibrate)
         except BackendError as exc:      # a refusal; anything else is a bug and propagates
             if backend != "auto" or name == chosen_plan.attempts[-1]:
                 raise
@@ -86,7 +89,7 @@ def open_backend(root: Path, manifest: Manifest, backend: str = "auto",
         reason = describe(name, chosen_plan, failures, backend)
         if cpu_draft and name != "cpu":
             return Opened(target, draft, name, f"{reason}; the draft on cpu", "cpu")
-        return Opened(target, draft, name, reason)
+        return Opened(target, draft, name, reason, placement=chosen[0] if chosen else None)
     raise AssertionError("a plan always ends with a backend that raises or opens")
 
 
@@ -119,26 +122,40 @@ def probe(manifest: Manifest, requested: str, target_only: bool = False) -> Fact
 
 def _open_cpu(root: Path, manifest: Manifest, placement, _: Plan, mode: str, max_batch: int,
               recalibrate: bool):
+    """Both models on the CPU, with the threads given, remembered (unless timed on a busy
+    machine: placement.recheck), or timed now and remembered with how busy the machine was."""
     cores = cpu_cores()
     split = mode == "split"                 # the draft's thread runs beside the target's
-    timed = placement == (None, None)
-    key = cache.measurement_key(manifest.digest(), "threads", mode=mode) if timed else None
-    if timed and not recalibrate:
-        placement = cache.recall(key, lambda counts: _counts(counts, cores)) or placement
+    if placement != (None, None):           # given (a count left None is timed, not kept)
+        target, draft = _open_pair(root, manifest, placement, split, cores, max_batch)
+        return target, draft, Placement(target.threads, draft.threads, "given")
+    key = cache.measurement_key(manifest.digest(), "threads", mode=mode)
+    known = None if recalibrate else \
+        cache.recall(key, lambda record: Placement.restore(record, cores))
+    busy_now = None
+    if known is not None and known.provisional and known.timings > RECHECKS:
+        watch = Busy()                      # is the machine quieter than when it was timed?
+        sleep(QUIET_WINDOW_S)
+        busy_now = watch.cores()
+    if known is not None and not recheck(known, busy_now):
+        target, draft = _open_pair(root, manifest, (known.target, known.draft), split, cores,
+                                   max_batch)
+        return target, draft, known
+    watch = Busy()
+    target, draft = _open_pair(root, manifest, (None, None), split, cores, max_batch)
+    timed = (cores - 1 if split else cores) > 1       # else one candidate each: nothing timed
+    chosen = Placement(target.threads, draft.threads, "measured",
+                       watch.cores() if timed else None, (known.timings if known else 0) + 1)
+    cache.remember(key, chosen.record())
+    return target, draft, chosen
+
+
+def _open_pair(root: Path, manifest: Manifest, placement, split: bool, cores: int,
+               max_batch: int) -> tuple[ModelSession, ModelSession]:
     target = _open(root, manifest, "target", manifest.target, placement[0],
                    cores=max(1, cores - 1) if split else cores, max_batch=max_batch)
     draft = _open(root, manifest, "draft", manifest.draft, placement[1], beside=target,
                   cores=1 if split else cores, max_batch=max_batch)
-    if placement == (None, None):           # timed now (threads=None, none remembered)
-        cache.remember(key, [target.threads, draft.threads])
-    return target, draft
-
-
-def _counts(counts, cores: int) -> tuple[int, int]:
-    """A remembered (target, draft) thread choice, checked: ValueError if malformed."""
-    target, draft = counts
-    if not all(isinstance(n, int) and 1 <= n <= cores for n in (target, draft)):
-        raise ValueError(f"thread counts {counts!r}")
     return target, draft
 
 
@@ -201,7 +218,8 @@ def _open_one(kind: str, root: Path, manifest: Manifest, name: str, threads: int
 def _open(root: Path, manifest: Manifest, name: str, entry: ModelEntry,
           threads: int | None, beside: ModelSession | None = None,
           cores: int = 1, max_batch: int = 1) -> ModelSession:
-    """A CPU session with `threads` intra-op threads, or else the faster of 1 and `cores`."""
+    """A CPU session with `threads` intra-op threads, or else `cores` unless 1 is clearly
+    faster (placement.fastest)."""
     from .ort import OrtCpuSession
 
     max_new = manifest.max_draft + 2     # verify k+1, or a draft step with its catch-up token
@@ -216,38 +234,4 @@ def _open(root: Path, manifest: Manifest, name: str, entry: ModelEntry,
     # right after a verification
     verify = manifest.max_draft + 1
     lengths = (1, verify) if beside is None else (1,) * max(1, manifest.max_draft)
-    return _fastest(candidates, beside, lengths, verify)
-
-
-def _fastest(candidates: list[ModelSession], beside: ModelSession | None,
-             lengths: tuple[int, ...] = (1,), beside_len: int = 1,
-             rounds: int = 24) -> ModelSession:
-    """The session with the fewest threads unless more threads are clearly (15%) faster at
-    passes of `lengths` new tokens (each round times one pass of each): fewer threads leave
-    cores to the other model and to split mode. Timed interleaved, and for the draft right
-    after a pass of `beside_len` tokens of the target, as in the loop (the target's thread
-    pool spun after its run before docs/design.md §9's force_spinning_stop). Timing
-    one-token passes alone gave the target 1 thread when its one-token step happened to
-    gain under 15% from a second one, though its 9-token verification gained 1.5x
-    (tokens/s fell by a third)."""
-    past = min(32, candidates[0].max_context - max(*lengths, beside_len) - 1)
-    one, after = np.zeros(1, np.int64), np.zeros(beside_len, np.int64)
-    passes = [np.zeros(n, np.int64) for n in lengths]
-    for s in [*candidates, *([beside] if beside else [])]:
-        s.prefill(np.zeros(past, np.int64))
-        s.forward(one, past)
-    times: list[list[float]] = [[] for _ in candidates]
-    for _ in range(rounds):
-        for s, spent in zip(candidates, times):
-            if beside is not None:
-                beside.forward(after, past)
-            t0 = perf_counter()
-            for ids in passes:
-                s.forward(ids, past)
-            spent.append(perf_counter() - t0)
-    medians = [float(np.median(t)) for t in times]
-    best = 0
-    for i, m in enumerate(medians[1:], 1):
-        if m < 0.85 * medians[best]:
-            best = i
-    return candidates[best]
+    return fastest(candidates, beside, lengths, verify)

@@ -207,7 +207,9 @@ def _add_routes(app: FastAPI, server: Server) -> None:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
+        placement = server.generator.placement      # CPU threads and where they came from
         return {"status": "ok", "model": server.model, "backend": server.generator.backend,
+                "placement": placement.as_dict() if placement is not None else None,
                 "k": server.k, "max_context": server.max_context, "replica": server.replica,
                 "max_batch": server.max_batch,
                 "queue_depth": server.engine.slot.depth, "busy": server.engine.slot.busy}

@@ -296,6 +296,8 @@ def test_cli_round_trip(bundle_copy):
     res = json.loads(proc.stdout)
     assert len(res["token_ids"]) == 12 and res["stop_reason"] == "length"
     assert res["stats"]["k"] == 3 and res["stats"]["rounds"] >= 3
+    assert res["placement"]["source"] in ("measured", "remembered")     # threads not given
     proc = run("ssd_runtime.cli", bundle_copy, "--prompt", "def f(x):", "--max-new-tokens", "12",
-               "--stats")
+               "--stats", "--threads", "1")
     assert proc.returncode == 0 and "tokens/s=" in proc.stderr and "acceptance=" in proc.stderr
+    assert "threads target:draft 1:1 (given)" in proc.stderr

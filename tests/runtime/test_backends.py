@@ -366,22 +366,55 @@ class _Timed:
 
 def test_threads_are_chosen_on_the_passes_the_loop_runs(monkeypatch):
     """One token gains nothing from a second thread but a verification gains 2x: the target
-    gets both threads once verifications are timed too; and the fewer threads win unless more
-    are clearly faster (15%: 10% faster is not enough). Timed on a clock of the stand-ins'
-    own: busy-waits preempted by a second test worker on this 2-core machine decided it
-    wrongly twice."""
-    from ssd_runtime import backends
+    keeps both threads once verifications are timed too; fewer threads win only when clearly
+    faster (placement.GAIN: 10%), and level or slightly faster ones leave the all-cores
+    default. Timed on a clock of the stand-ins' own: busy-waits preempted by a second test
+    worker on this 2-core machine decided it wrongly twice."""
+    from ssd_runtime.backends import placement
 
     clock = _Clock()
-    monkeypatch.setattr(backends, "perf_counter", clock)
+    monkeypatch.setattr(placement, "perf_counter", clock)
     one = _Timed(1, {1: 2e-3, 9: 6e-3}, clock)
     two = _Timed(2, {1: 2e-3, 9: 3e-3}, clock)
-    assert backends._fastest([one, two], None, lengths=(1,), rounds=15).threads == 1
-    assert backends._fastest([one, two], None, lengths=(1, 9), rounds=15).threads == 2
+    assert placement.fastest([one, two], None, lengths=(1,), rounds=15).threads == 2
+    assert placement.fastest([one, two], None, lengths=(1, 9), rounds=15).threads == 2
     level = _Timed(2, {1: 2e-3, 9: 6e-3}, clock)
-    assert backends._fastest([one, level], None, lengths=(1, 9), rounds=15).threads == 1
-    slightly = _Timed(2, {1: 1.8e-3, 9: 5.4e-3}, clock)
-    assert backends._fastest([one, slightly], None, lengths=(1, 9), rounds=15).threads == 1
+    assert placement.fastest([one, level], None, lengths=(1, 9), rounds=15).threads == 2
+    slower = _Timed(2, {1: 2.1e-3, 9: 6.4e-3}, clock)      # 1 thread 6% faster: in the noise
+    assert placement.fastest([one, slower], None, lengths=(1, 9), rounds=15).threads == 2
+    clearly = _Timed(2, {1: 3e-3, 9: 9e-3}, clock)          # 1 thread 33% faster
+    assert placement.fastest([one, clearly], None, lengths=(1, 9), rounds=15).threads == 1
+
+
+def test_a_few_slow_rounds_do_not_move_the_choice(monkeypatch):
+    """Paired ratios and their median: three preempted passes (10x their time) among fifteen
+    rounds leave the default chosen, and leave a clearly faster candidate chosen (a quarter
+    of the rounds may be slow: placement.FASTER_SHARE)."""
+    from ssd_runtime.backends import placement
+
+    clock = _Clock()
+    monkeypatch.setattr(placement, "perf_counter", clock)
+    one = _Timed(1, {1: 2e-3}, clock)
+    two = _Stalling(2, {1: 2e-3}, clock, stalls={3, 7, 12})
+    assert placement.fastest([one, two], None, rounds=15).threads == 2
+    fast_one = _Stalling(1, {1: 1e-3}, clock, stalls={0, 5, 14})
+    assert placement.fastest([fast_one, _Timed(2, {1: 2e-3}, clock)], None,
+                             rounds=15).threads == 1
+
+
+class _Stalling(_Timed):
+    """A stand-in whose timed pass in the rounds `stalls` takes ten times as long (another
+    process took its cores then); a pass counts once per round after the warm-up."""
+
+    def __init__(self, threads: int, seconds: dict[int, float], clock: _Clock,
+                 stalls: set[int]) -> None:
+        super().__init__(threads, seconds, clock)
+        self.stalls, self.calls = stalls, -1           # the warm-up pass is call -1
+
+    def forward(self, ids, past_len: int) -> None:
+        slow = 10 if self.calls in self.stalls else 1
+        self.calls += 1
+        self.clock.now += slow * self.seconds[len(ids)]
 
 
 # --- what moves `auto` to the next backend ---------------------------------------------

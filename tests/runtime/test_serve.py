@@ -76,6 +76,7 @@ def test_models_health_metrics(server, client):
     assert [m.id for m in client.models.list().data] == [MODEL]
     health = server.health()
     assert health["status"] == "ok" and health["k"] == 4 and health["max_context"] == 256
+    assert health["placement"]["threads"] == "1:1" and health["placement"]["source"] == "given"
     text = server.metrics()
     for name in ("ssd_requests_total", "ssd_generated_tokens_total", "ssd_tokens_per_second",
                  "ssd_acceptance_rate", "ssd_queue_depth", "ssd_request_latency_seconds_bucket"):
