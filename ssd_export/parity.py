@@ -129,8 +129,9 @@ def _run(session, ids: np.ndarray, past_len: int, past: list[np.ndarray] | None,
 
 def _run_in_place(session, ids: np.ndarray, past_len: int, new_len: int, n_layers: int,
                   dtype: str, rows: int) -> tuple[np.ndarray, list[np.ndarray]]:
-    """The "ort" and "static" flavours: prefill ids[:past_len], then run the next new_len ids, each call with
-    every layer's (1, Hkv, rows, D) cache bound as past and present. Returns the second call's
+    """The "ort" and "static" flavours (and the rows graph, attending rows [0, stop)): prefill
+    ids[:past_len], then run the next new_len ids, each call with every layer's
+    (1, Hkv, rows, D) cache bound as past and present. Returns the second call's
     logits and its new rows as (1, new_len, Hkv, D), like the standard graph's outputs."""
     kv_dtype = np.float16 if dtype == "float16" else np.float32
     _, kv_heads, _, head_dim = session.get_inputs()[2].shape
@@ -143,6 +144,8 @@ def _run_in_place(session, ids: np.ndarray, past_len: int, new_len: int, n_layer
         binding.bind_cpu_input(contract.INPUT_IDS, np.ascontiguousarray(ids[:, start:stop]))
         binding.bind_cpu_input(contract.POSITION_IDS, np.arange(start, stop)[None])
         binding.bind_output(contract.LOGITS)
+        if contract.ATTEND_ROWS in {i.name for i in session.get_inputs()}:   # the rows graph
+            binding.bind_cpu_input(contract.ATTEND_ROWS, np.arange(stop, dtype=np.int64))
         for i in range(n_layers):
             for j, (past, present) in enumerate(((contract.past_key(i), contract.present_key(i)),
                                                  (contract.past_value(i),
