@@ -214,7 +214,13 @@ def _reference_attention(model: Any, role: str) -> Iterator[None]:
 def check_batch(root: Path, manifest: Any, role: str, rows: int = 3, seed: int = 0) -> float:
     """The graph as the runtime batches it (docs/design.md §11): rows at different past
     lengths with different numbers of real new tokens in one call give each row's logits as
-    that row alone does. Returns the largest difference; raises ParityError past tolerance."""
+    that row alone does. Returns the largest difference; raises ParityError past tolerance.
+
+    The tolerance is the float one, or twice the graph's own variation where that is larger:
+    how far its logits for row 0's tokens in one call are from the same tokens one at a time.
+    A target whose MatMulNBits round their activations to int8 (accuracy level 4) varies so:
+    a rounding flipped by any other order of float operations moves its logits by ~1e-2
+    (SmolLM2-135M config, int8: 0.026; the rows graph against each row alone: 0.021)."""
     from ssd_runtime.backends import cpu_session
 
     entry = getattr(manifest, role)
@@ -229,8 +235,13 @@ def check_batch(root: Path, manifest: Any, role: str, rows: int = 3, seed: int =
         session.prefill(ids[b, :past], 0, slot=b)
     batch_ids = np.stack([ids[b, pasts[b]:pasts[b] + width] for b in range(rows)])
     together = session.forward_rows(batch_ids, np.asarray(pasts, np.int64), real).copy()
+    one_call = session.forward(batch_ids[0], pasts[0], slot=0).copy()
+    own = max(float(np.abs(one_call[j] - session.forward(batch_ids[0, j:j + 1], pasts[0] + j,
+                                                          slot=0)[0]).max())
+              for j in range(width))
     worst = 0.0
     abs_tol, rel_tol = _TOLERANCE[entry.kv_dtype]
+    abs_tol = max(abs_tol, 2 * own)
     for b, past in enumerate(pasts):
         alone = session.forward(batch_ids[b, :real[b]], past, slot=b)
         diff = float(np.abs(together[b, :real[b]] - alone).max())

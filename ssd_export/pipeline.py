@@ -125,6 +125,16 @@ def export_bundle(config: ExportConfig) -> Manifest:
             log.print(f"    rows graph: {shared / 1e6:.1f} MB of weights read from the "
                       f"target's file, {own / 1e6:.2f} MB of its own")
             rows_file = out.relative_to(root).as_posix()
+            if target_quant != contract.NO_QUANT:    # the quantized target is the reference
+                with log.stage("parity of the quantized rows graph against Hugging Face with "
+                               "the same dequantized weights"):
+                    try:
+                        rows_parity = rows.parity_quantized(target, out, config, max_context)
+                    except (SsdError, *ort_errors()) as exc:
+                        rows.drop(out.parent)
+                        rows_file, rows_parity = "", {}
+                        rows_note = f"refused: {str(exc).splitlines()[0]}"
+                        log.print(f"    target: no rows graph ({rows_note})")
         quant, agreement = quantize_draft(traced["draft"], config.draft_quant, config.dtype,
                                           max_context, log, follow=target_quant)
         with log.stage("write heads and tokenizer"):

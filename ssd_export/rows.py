@@ -49,6 +49,23 @@ def quantize_rows(traced: Path, scheme, vocab_size: int) -> None:
     save(model, traced)
 
 
+def parity_quantized(loaded, path: Path, config, max_context: int) -> dict[str, float]:
+    """A quantized rows graph against the Hugging Face model holding the target's dequantized
+    weights (put there by the target's own check, qtarget.parity_dequantized), its MatMulNBits
+    computing in float (accuracy level 0), as the quantized target itself is checked."""
+    from .parity import check_parity
+    from .qtarget import with_accuracy_level
+
+    exact = path.with_name("rows.accuracy0.onnx")      # shares the external data files
+    try:
+        with_accuracy_level(path, exact, 0)
+        return check_parity(loaded.model, exact, "target rows", config.max_draft, config.dtype,
+                            max_context, graph=contract.ROWS,
+                            session_config={contract.QDQ_ACCURACY: "0"})
+    finally:
+        exact.unlink(missing_ok=True)
+
+
 def share_weights(traced: Path, target_path: Path) -> tuple[Path, int, int]:
     """Write target/rows.onnx from the traced rows graph: every initializer whose bytes equal
     one of the target's points at that one in the target's external data file; the others go to

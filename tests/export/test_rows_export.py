@@ -42,6 +42,8 @@ def test_a_quantized_target_has_a_quantized_rows_graph(bundle_factory):
     bundle = bundle_factory("llama", "llama_cut", quant="int4")
     manifest = read_manifest(bundle)
     assert manifest.target.quant == "int4" and manifest.target.rows
+    # against Hugging Face with the dequantized weights, and in a batch against each row alone
+    assert manifest.target.rows_parity["logits"] < 1e-3 and "in_batch" in manifest.target.rows_parity
     model, shared, own = _weights(bundle)
     target = onnx.load(str(bundle / "target" / "model.onnx"), load_external_data=False)
     kinds = [n.op_type for n in model.graph.node if n.op_type in ("MatMul", "MatMulNBits")]
