@@ -44,8 +44,12 @@ def main() -> None:
         gens = {name: Generator.load(path, threads=args.threads, max_batch=args.prompts,
                                      recalibrate=True)
                 for name, path in (("without", without), ("with", Path(args.bundle)))}
+        for gen in gens.values():        # untimed: the first k="auto" batch calibrates
+            for k in (0, "auto"):
+                gen.generate_batch(prompts, max_new_tokens=8, k=k, ignore_eos=True)
         rates: dict[tuple[str, object], list[float]] = {}
         outputs: dict[tuple[str, object], list] = {}
+        drafted: dict[str, list[float]] = {}
         for _ in range(args.reps):
             for name, gen in gens.items():
                 for k in (0, "auto"):
@@ -56,6 +60,16 @@ def main() -> None:
                     tokens = sum(len(r.token_ids) for r in results)
                     rates.setdefault((name, k), []).append(tokens / seconds)
                     outputs[name, k] = [r.token_ids for r in results]
+                    if k == "auto":     # draft tokens per round, the k the cost model chose
+                        drafted.setdefault(name, []).append(
+                            sum(r.stats.drafted for r in results)
+                            / max(1, sum(r.stats.rounds for r in results)))
+        for name, gen in gens.items():   # what the cost model measured at 8 rows (ms)
+            cost = gen._batch_costs.get(min(8, args.prompts))
+            if cost is not None:
+                print(f"  {name} rows graph, {cost.rows} rows: draft step "
+                      f"{cost.draft_step * 1e3:.1f} ms, V(T) "
+                      + ", ".join(f"{t}: {s * 1e3:.1f}" for t, s in cost.verify) + " ms")
     same = all(outputs[key] == outputs["with", 0] for key in outputs)
     print(f"{args.prompts} prompts x {args.tokens} tokens, {args.threads} threads, {args.reps} "
           f"reps; every run's tokens identical: {same}")
@@ -65,7 +79,8 @@ def main() -> None:
               f"({min(k0):.1f}-{max(k0):.1f}), auto {statistics.median(auto):7.1f} tok/s "
               f"({min(auto):.1f}-{max(auto):.1f}): auto/k=0 "
               f"{statistics.median(auto) / statistics.median(k0):.2f}x "
-              f"(per rep {', '.join(f'{a / b:.2f}' for a, b in zip(auto, k0))})")
+              f"(per rep {', '.join(f'{a / b:.2f}' for a, b in zip(auto, k0))}); auto drafted "
+              f"{statistics.mean(drafted[name]):.2f} tokens a row per round")
 
 
 if __name__ == "__main__":
