@@ -148,9 +148,9 @@ class OrtCpuSession:
             self._bind_caches(0, 1)
         self._bound_len: int | None = None     # the length ids/positions/logits are bound at
         self._run_bound = _runner(self.session, self.binding)
-        self._scratch = self._allocate_scratch() if max_batch > 1 and not self.in_place else None
         self._rows = self._open_rows(path) if max_batch > 1 and entry.rows \
             and entry.graph == contract.ORT and self.device == "cpu" else None
+        self._scratch = self._allocate_scratch() if max_batch > 1 and not self.in_place else None
 
     def _open(self, path: Path, threads: int | None):
         import onnxruntime as ort

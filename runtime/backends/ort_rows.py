@@ -39,9 +39,12 @@ class RowsGraph:
         self.binding = self.session.io_binding()
         self._bind_in, self._bind_out = binders(self.binding)
         self._run = runner(self.session, self.binding)
-        self.layers = [(contract.past_key(i), contract.past_value(i),
-                        *contract.kv_output_names(i, contract.ROWS), *owner._kv_ptrs(i))
-                       for i in range(owner.entry.num_layers)]
+        # the ort graph's names and arena addresses, which are the rows graph's too
+        assert all(contract.kv_output_names(i, contract.ROWS) == tuple(layer[2:4])
+                   for i, layer in enumerate(owner.layers))
+        self.layers = owner.layers
+        self._host = (owner.ids.ctypes.data, owner.positions.ctypes.data,
+                      owner.logits.ctypes.data)                 # (the CPU session's own memory)
         # attend_rows: only its length L is read; one buffer, viewed as (L,)
         self.attend = np.zeros(owner.max_context, np.int64)
         self._slots: int | None = None          # how many slots the caches are bound for
@@ -59,9 +62,9 @@ class RowsGraph:
                 self._bind_out(present_k, kv_type, whole, k_ptr)
                 self._bind_out(present_v, kv_type, whole, v_ptr)
             self._slots = B
-        self._bind_in(contract.INPUT_IDS, np.int64, (B, T), owner._ids_ptr)
-        self._bind_in(contract.POSITION_IDS, np.int64, (B, T), owner._pos_ptr)
+        ids, positions, logits = self._host
+        self._bind_in(contract.INPUT_IDS, np.int64, (B, T), ids)
+        self._bind_in(contract.POSITION_IDS, np.int64, (B, T), positions)
         self._bind_in(contract.ATTEND_ROWS, np.int64, (live,), self.attend.ctypes.data)
-        self._bind_out(contract.LOGITS, owner.logits_dtype, (B, T, e.vocab_size),
-                       owner._logits_addr)
+        self._bind_out(contract.LOGITS, owner.logits_dtype, (B, T, e.vocab_size), logits)
         self._run()
