@@ -5,7 +5,8 @@ grouped-query attention against the sequence-major past (B, P, Hkv, D), score
 soft-capping, ALiBi bias and the causal / sliding-window mask. Rows of a batch may have
 different past lengths (key_positions: each row's own is position_ids[b, 0]). The static
 flavour instead writes the new rows into the whole head-major cache (B, Hkv, R, D) at their
-positions and attends over all of it (cache_positions, scatter_rows).
+positions and attends over all of it (cache_positions, scatter_rows); the ort target's rows
+graph does the same over the cache's first L rows only.
 """
 from __future__ import annotations
 
@@ -100,7 +101,8 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
               rope: Rope | None, cos_sin: tuple[torch.Tensor, ...] | None,
               past_k: torch.Tensor, past_v: torch.Tensor, bias: torch.Tensor | None,
               ort: OrtAttention | None = None, q_scale: torch.Tensor | None = None,
-              scatter_at: torch.Tensor | None = None
+              scatter_at: torch.Tensor | None = None, live_rows=None,
+              packed: nn.Module | None = None
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """h (B, T, E) -> (output (B, T, E), new keys, new values (B, T, Hkv, D)).
 
@@ -108,7 +110,10 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
     (B, T, 1, 1) a per-position factor on the rotated queries. `scatter_at` (the static
     flavour: positions (B, T)): the past is the whole head-major cache (B, Hkv, R, D), the new
     rows are written into it there, attention reads all R rows, and the updated caches are
-    returned in place of the new rows.
+    returned in place of the new rows. `live_rows` (the ort target's rows graph): attention
+    reads only the cache's first live_rows rows (every row's last position + 1 or more), so
+    its cost follows the live context, not R. `packed`: q, k and v come from the ort
+    flavour's packed projection [q | k | v] (the same weights, shared on disk, §2).
 
         h ─ proj ─┬─ q ─ q_norm ─ rope ─ [q_scale] ─┐
                   ├─ k ─ k_norm ─ rope ─ cat(past) ─ softmax(q·kᵀ·s [capped] + bias) · v ─ o
@@ -126,6 +131,9 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
     if a.latent is not None:                                        # DeepSeek's MLA
         q, k, v = latent_qkv(attn, a.latent, rope, cos_sin, h)
         rope = None                                                 # (rotated already)
+    elif packed is not None:                                        # [q | k | v] as ort's
+        q, k, v = packed(h).split((heads.num_heads * D, Hkv * D, Hkv * D), dim=-1)
+        q, k, v = q.reshape(B, T, -1, D), k.reshape(B, T, Hkv, D), v.reshape(B, T, Hkv, D)
     else:
         q, k, v = _project(attn, a, heads, h)                       # (B, T, H|Hkv, D)
     if a.q_norm is not None and not a.qk_norm_after_rope:
@@ -144,8 +152,10 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
     if scatter_at is not None:                                      # the static flavour
         keys = scatter_rows(past_k, k, scatter_at)                  # (B, Hkv, S, D)
         values = scatter_rows(past_v, v, scatter_at)
-        kt = keys.transpose(2, 3)[:, :, None]                       # (B, Hkv, 1, D, S)
-        vs = values[:, :, None]                                     # (B, Hkv, 1, S, D)
+        live_k, live_v = (keys, values) if live_rows is None else \
+            (keys[:, :, :live_rows], values[:, :, :live_rows])      # (B, Hkv, L, D)
+        kt = live_k.transpose(2, 3)[:, :, None]                     # (B, Hkv, 1, D, S)
+        vs = live_v[:, :, None]                                     # (B, Hkv, 1, S, D)
     else:
         keys = torch.cat((past_k, k), dim=1)                        # (B, S, Hkv, D)
         values = torch.cat((past_v, v), dim=1)

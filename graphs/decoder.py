@@ -68,7 +68,7 @@ class Decoder(nn.Module):
         self.scalings = [1.0 if a.scaling is None else float(getattr(m, a.scaling)) for m in attn]
         self.windows = a.windows or sliding_windows(config)
         self._init_moe(source)
-        if flavour == contract.ORT:
+        if flavour in (contract.ORT, contract.ROWS):   # rows: ort's packed q, k, v too
             self._init_ort(max_context)
         if a.positions == "alibi":
             slopes = alibi_slopes(num_heads, a.alibi_dtype == "bfloat16")
@@ -98,10 +98,14 @@ class Decoder(nn.Module):
             x = x + nn.functional.embedding(position_ids + a.pos_offset, self.pos_embed.weight)
         if self.flavour == contract.ORT:
             return self._forward_ort(x, position_ids, past)
+        live_rows = None
+        if self.flavour == contract.ROWS:   # the last input's length: attend rows [0, L)
+            past, live_rows = past[:-1], past[-1].shape[0]
         tables = {key: rope.tables(position_ids, x.dtype) for key, rope in self.ropes.items()}
-        static = self.flavour == contract.STATIC
+        static = self.flavour in (contract.STATIC, contract.ROWS)
         if static:      # keys at their rows of the whole cache; beyond a query: not yet valid
-            key_pos, key_valid = cache_positions(position_ids, past[0].shape[2])  # (B, R)
+            rows = past[0].shape[2] if live_rows is None else live_rows
+            key_pos, key_valid = cache_positions(position_ids, rows)              # (B, R|L)
         else:           # each row's own past length is position_ids[b, 0]; rows past it stale
             key_pos, key_valid = key_positions(position_ids, past[0].shape[1])    # (B, S)
         masks = {w: causal_mask(position_ids, key_pos, key_valid, w)              # (B,1,1,T,S)
@@ -120,9 +124,17 @@ class Decoder(nn.Module):
             x, new_k, new_v = self._layer(i, x, self._rope(i), tables.get(self.rope_keys[i]),
                                           past[2 * i], past[2 * i + 1], self.scalings[i], bias,
                                           q_scale=q_scale,
-                                          scatter_at=position_ids if static else None)
+                                          scatter_at=position_ids if static else None,
+                                          live_rows=live_rows, packed=self._rows_packed(i))
             outputs += [new_k, new_v]
         return (self._head(x), *outputs)
+
+    def _rows_packed(self, i: int) -> nn.Module | None:
+        """The rows graph's layer i projects q, k, v with the ort flavour's packed weights
+        where that flavour packs them (so the two graphs share them); else None."""
+        if self.flavour != contract.ROWS or isinstance(self.packed[i], nn.Identity):
+            return None
+        return self.packed[i]
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         a = self.adapter
@@ -257,7 +269,8 @@ class Decoder(nn.Module):
     def _layer(self, i: int, x: torch.Tensor, rope: Rope | None, cos_sin,
                past_k: torch.Tensor, past_v: torch.Tensor, scaling: float,
                bias: torch.Tensor | None, ort: OrtAttention | None = None,
-               q_scale: torch.Tensor | None = None, scatter_at: torch.Tensor | None = None):
+               q_scale: torch.Tensor | None = None, scatter_at: torch.Tensor | None = None,
+               live_rows=None, packed: nn.Module | None = None):
         """One block: pre- or post-norm, sequential or parallel residual.
 
             sequential pre:  x += s·attn(norm(x));  x += s·mlp(mlp_norm(x))
@@ -275,7 +288,7 @@ class Decoder(nn.Module):
         h = x if post else norm(x)
         attn_out, new_k, new_v = attention(get_path(layer, a.attn), a, self.heads, scaling, h,
                                            rope, cos_sin, past_k, past_v, bias, ort, q_scale,
-                                           scatter_at)
+                                           scatter_at, live_rows, packed)
         if a.attn_out_norm is not None:
             attn_out = getattr(layer, a.attn_out_norm)(attn_out)
         if a.residual == "parallel":

@@ -64,6 +64,10 @@ def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context:
         extra = {}
     past = tuple(torch.zeros(kv_shape, dtype=dtype) for _ in range(2 * n_layers))
     shapes = ({0: B, 1: T}, {0: B, 1: T}, tuple(kv_dims for _ in past))
+    if graph == contract.ROWS:          # attend_rows (L,): attention reads cache rows [0, L)
+        past += (torch.zeros(past_len + new_len, dtype=torch.int64),)
+        shapes = shapes[:2] + (shapes[2] + ({0: torch.export.Dim("attend_rows", min=1,
+                                                                max=max_context)},),)
     path.parent.mkdir(parents=True, exist_ok=True)
     # the exporter logs a warning per missing torchvision op on every export: not ours to fix
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
@@ -71,7 +75,7 @@ def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context:
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             decoder, (ids, pos, *past), dynamo=True, opset_version=OPSET,
-            input_names=contract.input_names(n_layers),
+            input_names=contract.input_names(n_layers, graph),
             output_names=contract.output_names(n_layers, graph),
             dynamic_shapes=shapes, verbose=False, **extra,
         )

@@ -22,12 +22,21 @@ PREFILL_CHUNK = 256
 # give the same logits. docs/design.md §2.
 STANDARD, ORT, STATIC = "standard", "ort", "static"
 GRAPHS = (STANDARD, ORT, STATIC)
+# The "ort" flavour's second target graph (docs/design.md §2, §11): the static flavour's
+# attention over the same arenas, reading only cache rows [0, L) where L is the length of one
+# more input, ATTEND_ROWS (B, ...) int64 of shape (L,), whose values are not read. ONNX
+# Runtime's GroupQueryAttention refuses several rows of several new tokens after a past; this
+# graph takes them in one call, so a batch's verification reads the weights once. Not a
+# --graph choice: it exists only beside an "ort" target, as ModelEntry.rows.
+ROWS = "rows"
+ATTEND_ROWS = "attend_rows"
 
 
 def in_place(graph: str) -> bool:
     """Whether the graph's caches are whole head-major buffers (B, Hkv, max_context, D) bound
-    as both past_* and present_* (the ort and static flavours)."""
-    return graph in (ORT, STATIC)
+    as both past_* and present_* (the ort and static flavours, and the ort target's rows
+    graph)."""
+    return graph in (ORT, STATIC, ROWS)
 # Weights: "none" (as exported), or weight-only quantized MatMuls ("int8", "int4": ONNX
 # Runtime's MatMulNBits contrib op, CPU provider only). Only the draft is ever quantized: it
 # changes how many draft tokens are accepted, never the output.
@@ -123,11 +132,11 @@ def kv_output_names(i: int, graph: str = STANDARD) -> tuple[str, str]:
     return (present_key(i), present_value(i)) if in_place(graph) else (new_key(i), new_value(i))
 
 
-def input_names(num_layers: int) -> list[str]:
+def input_names(num_layers: int, graph: str = STANDARD) -> list[str]:
     names = [INPUT_IDS, POSITION_IDS]
     for i in range(num_layers):
         names += [past_key(i), past_value(i)]
-    return names
+    return names + ([ATTEND_ROWS] if graph == ROWS else [])
 
 
 def output_names(num_layers: int, graph: str = STANDARD) -> list[str]:

@@ -15,7 +15,7 @@ from . import cache, contract
 from .errors import BundleError
 
 FORMAT = "ssd-bundle"
-SCHEMA_VERSION = 7          # 2: models carry "graph" (flavour); 1 reads as "standard"
+SCHEMA_VERSION = 8          # 2: models carry "graph" (flavour); 1 reads as "standard"
                             # 3: models carry "quant" (weights); 1 and 2 read as "none"
                             # 4: models carry "moe" (how MoE layers run); 1-3 read as "none"
                             # 5: tokenizer carries "special_tokens" (text), "split_special_tokens"
@@ -27,6 +27,10 @@ SCHEMA_VERSION = 7          # 2: models carry "graph" (flavour); 1 reads as "sta
                             #    "quant_quality" (the report against the float model), and a
                             #    target may be quantized (docs/design.md §12); 1-6 read as {},
                             #    their quantized drafts as MatMulNBits
+                            # 8: models carry "rows" (an ort target's second graph for several
+                            #    rows of several new tokens in one call, contract.ROWS),
+                            #    "rows_parity" and "rows_note" (why there is none); 1-7 read
+                            #    as "": verifications of a batch run one row at a time
 MAX_BATCH = 64              # the batch axis' bound in the traced graphs (graphs/trace.py)
 MANIFEST_NAME = "manifest.json"
 _HINT = "---> HINT: re-run ssd-export to rebuild the bundle."
@@ -55,6 +59,12 @@ class ModelEntry:
     quant_scheme: dict[str, Any] = field(default_factory=dict)   # qweights.Scheme, if quantized
     quant_quality: dict[str, Any] = field(default_factory=dict)  # the target's report (§12)
     moe: str = "none"         # contract.MOES: MoE layers "none", "dense" or "kernel" (ORT's MoE)
+    # an ort target with max_batch > 1: the rows graph (contract.ROWS), relative to the bundle
+    # root, its weights in the target's external data file; its parity (against Hugging Face,
+    # and each row of a batch against the row alone); or "" and why not (docs/design.md §11)
+    rows: str = ""
+    rows_parity: dict[str, float] = field(default_factory=dict)
+    rows_note: str = ""
 
     @property
     def quant_form(self) -> str:

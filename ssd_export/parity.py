@@ -129,8 +129,9 @@ def _run(session, ids: np.ndarray, past_len: int, past: list[np.ndarray] | None,
 
 def _run_in_place(session, ids: np.ndarray, past_len: int, new_len: int, n_layers: int,
                   dtype: str, rows: int) -> tuple[np.ndarray, list[np.ndarray]]:
-    """The "ort" and "static" flavours: prefill ids[:past_len], then run the next new_len ids, each call with
-    every layer's (1, Hkv, rows, D) cache bound as past and present. Returns the second call's
+    """The "ort" and "static" flavours (and the rows graph, attending rows [0, stop)): prefill
+    ids[:past_len], then run the next new_len ids, each call with every layer's
+    (1, Hkv, rows, D) cache bound as past and present. Returns the second call's
     logits and its new rows as (1, new_len, Hkv, D), like the standard graph's outputs."""
     kv_dtype = np.float16 if dtype == "float16" else np.float32
     _, kv_heads, _, head_dim = session.get_inputs()[2].shape
@@ -143,6 +144,8 @@ def _run_in_place(session, ids: np.ndarray, past_len: int, new_len: int, n_layer
         binding.bind_cpu_input(contract.INPUT_IDS, np.ascontiguousarray(ids[:, start:stop]))
         binding.bind_cpu_input(contract.POSITION_IDS, np.arange(start, stop)[None])
         binding.bind_output(contract.LOGITS)
+        if contract.ATTEND_ROWS in {i.name for i in session.get_inputs()}:   # the rows graph
+            binding.bind_cpu_input(contract.ATTEND_ROWS, np.arange(stop, dtype=np.int64))
         for i in range(n_layers):
             for j, (past, present) in enumerate(((contract.past_key(i), contract.present_key(i)),
                                                  (contract.past_value(i),
@@ -211,7 +214,13 @@ def _reference_attention(model: Any, role: str) -> Iterator[None]:
 def check_batch(root: Path, manifest: Any, role: str, rows: int = 3, seed: int = 0) -> float:
     """The graph as the runtime batches it (docs/design.md §11): rows at different past
     lengths with different numbers of real new tokens in one call give each row's logits as
-    that row alone does. Returns the largest difference; raises ParityError past tolerance."""
+    that row alone does. Returns the largest difference; raises ParityError past tolerance.
+
+    The tolerance is the float one, or twice the graph's own variation where that is larger:
+    how far its logits for row 0's tokens in one call are from the same tokens one at a time.
+    A target whose MatMulNBits round their activations to int8 (accuracy level 4) varies so:
+    a rounding flipped by any other order of float operations moves its logits by ~1e-2
+    (SmolLM2-135M config, int8: 0.026; the rows graph against each row alone: 0.021)."""
     from ssd_runtime.backends import cpu_session
 
     entry = getattr(manifest, role)
@@ -226,8 +235,13 @@ def check_batch(root: Path, manifest: Any, role: str, rows: int = 3, seed: int =
         session.prefill(ids[b, :past], 0, slot=b)
     batch_ids = np.stack([ids[b, pasts[b]:pasts[b] + width] for b in range(rows)])
     together = session.forward_rows(batch_ids, np.asarray(pasts, np.int64), real).copy()
+    one_call = session.forward(batch_ids[0], pasts[0], slot=0).copy()
+    own = max(float(np.abs(one_call[j] - session.forward(batch_ids[0, j:j + 1], pasts[0] + j,
+                                                          slot=0)[0]).max())
+              for j in range(width))
     worst = 0.0
     abs_tol, rel_tol = _TOLERANCE[entry.kv_dtype]
+    abs_tol = max(abs_tol, 2 * own)
     for b, past in enumerate(pasts):
         alone = session.forward(batch_ids[b, :real[b]], past, slot=b)
         diff = float(np.abs(together[b, :real[b]] - alone).max())

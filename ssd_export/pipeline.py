@@ -19,6 +19,7 @@ from ssd_runtime.backends.trt import probe_tensorrt
 from ssd_runtime.errors import ConfigError, SsdError
 from ssd_runtime.manifest import MAX_BATCH, Manifest, ModelEntry, TokenizerEntry
 
+from . import rows
 from .bundle import check_output, finish_manifest, staging
 from .config import DEFAULT_MAX_CONTEXT, ExportConfig
 from .engines import export_engines, require_tensorrt
@@ -102,6 +103,11 @@ def export_bundle(config: ExportConfig) -> Manifest:
         for loaded in (target, draft):
             traced[loaded.role], parity[loaded.role] = _trace_checked(
                 loaded, root / loaded.role / "model.onnx", max_context, config, graph, log)
+        rows_note = rows.refusal(traced["target"], config.max_batch)
+        rows_trace, rows_parity = None, {}
+        if not rows_note:       # the rows graph, traced and checked while the target is float
+            rows_trace, rows_parity, rows_note = _trace_rows(target, traced["target"],
+                                                             max_context, config, log)
         if contract.in_place(traced["draft"].graph):     # the loop reads these (§2)
             append_tops(traced["draft"].path)
             traced["draft"] = replace(traced["draft"], tops=True)
@@ -110,6 +116,25 @@ def export_bundle(config: ExportConfig) -> Manifest:
             config.quant_lm_head, heldout, replace(config, max_context=max_context), log)
         if quant_parity is not None:        # the quantized target is the reference now
             parity["target"] = quant_parity
+        rows_file = ""
+        if rows_trace is not None:
+            with log.stage("the target's rows graph: its weights as the target's"):
+                if target_quant != contract.NO_QUANT:
+                    rows.quantize_rows(rows_trace, scheme, traced["target"].vocab_size)
+                out, shared, own = rows.share_weights(rows_trace, traced["target"].path)
+            log.print(f"    rows graph: {shared / 1e6:.1f} MB of weights read from the "
+                      f"target's file, {own / 1e6:.2f} MB of its own")
+            rows_file = out.relative_to(root).as_posix()
+            if target_quant != contract.NO_QUANT:    # the quantized target is the reference
+                with log.stage("parity of the quantized rows graph against Hugging Face with "
+                               "the same dequantized weights"):
+                    try:
+                        rows_parity = rows.parity_quantized(target, out, config, max_context)
+                    except (SsdError, *ort_errors()) as exc:
+                        rows.drop(out.parent)
+                        rows_file, rows_parity = "", {}
+                        rows_note = f"refused: {str(exc).splitlines()[0]}"
+                        log.print(f"    target: no rows graph ({rows_note})")
         quant, agreement = quantize_draft(traced["draft"], config.draft_quant, config.dtype,
                                           max_context, log, follow=target_quant)
         with log.stage("write heads and tokenizer"):
@@ -120,7 +145,8 @@ def export_bundle(config: ExportConfig) -> Manifest:
             target=replace(_entry(root, target, traced["target"], parity["target"]),
                            quant=target_quant,
                            quant_scheme=scheme.as_dict() if scheme else {},
-                           quant_quality=quality.as_dict() if quality else {}),
+                           quant_quality=quality.as_dict() if quality else {},
+                           rows=rows_file, rows_parity=rows_parity, rows_note=rows_note),
             draft=replace(_entry(root, draft, traced["draft"], parity["draft"]), quant=quant,
                           quant_agreement=agreement,
                           quant_scheme=draft_scheme(quant, traced["draft"].graph).as_dict()
@@ -137,8 +163,8 @@ def export_bundle(config: ExportConfig) -> Manifest:
         )
         if config.max_batch > 1:
             with log.stage("check batches of rows at their own lengths"):
-                for role in ("target", "draft"):
-                    check_batch(root, manifest, role)
+                manifest = _check_rows_batch(root, manifest, log)
+                check_batch(root, manifest, "draft")
         manifest = replace(manifest, engines=export_engines(
             root, manifest, config.engines, config.engine_precision, log, config.output))
         with log.stage("the pair's worth: agreement on held-out text and a quick timing"):
@@ -230,6 +256,46 @@ def _trace_checked(loaded: LoadedModel, path: Path, max_context: int, config: Ex
         log.print(f"    {role}: the ort flavour does not fit ({why}); using the standard graph")
         shutil.rmtree(path.parent, ignore_errors=True)
         return _trace_checked(loaded, path, max_context, config, contract.STANDARD, log)
+
+
+def _trace_rows(loaded: LoadedModel, traced: TracedModel, max_context: int,
+                config: ExportConfig, log) -> tuple[Path | None, dict[str, float], str]:
+    """The target's rows graph traced and checked against Hugging Face: (its trace, parity,
+    ""), or (None, {}, why not) where ONNX Runtime or parity refuses it: never a wrong graph."""
+    try:
+        with log.stage("trace the target's rows graph (a batch's k+1 tokens in one call)"):
+            path = rows.trace_rows(export_decoder, loaded, traced, max_context)
+        with log.stage("parity of the rows graph against Hugging Face"):
+            parity = check_parity(loaded.model, path, "target rows", config.max_draft,
+                                  config.dtype, max_context, graph=contract.ROWS)
+        return path, parity, ""
+    except (SsdError, *ort_errors()) as exc:
+        rows.drop(traced.path.parent)
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        log.print(f"    target: no rows graph ({why}); a batch verifies one row at a time")
+        return None, {}, f"refused: {why}"
+
+
+def _check_rows_batch(root: Path, manifest: Manifest, log) -> Manifest:
+    """check_batch of the target, whose several-token rows run in the rows graph where the
+    bundle has one; a rows graph that fails it is removed (and the target checked again)."""
+    entry = manifest.target
+    try:
+        worst = check_batch(root, manifest, "target")
+    except SsdError as exc:
+        if not entry.rows:
+            raise
+        rows.drop((root / entry.path).parent)
+        why = str(exc).splitlines()[0]
+        log.print(f"    target: rows graph removed ({why}); a batch verifies one row at a time")
+        manifest = replace(manifest, target=replace(entry, rows="", rows_parity={},
+                                                    rows_note=f"refused: {why}"))
+        check_batch(root, manifest, "target")
+        return manifest
+    if entry.rows:
+        manifest = replace(manifest, target=replace(
+            entry, rows_parity={**entry.rows_parity, "in_batch": worst}))
+    return manifest
 
 
 def _quiet_transformers() -> None:

@@ -183,7 +183,7 @@ def parity_dequantized(loaded: LoadedModel, path: Path, weights: list[Weight],
     load_dequantized(loaded.model, weights, sources)
     exact = path.with_name("model.accuracy0.onnx")     # shares the external data file
     try:
-        _with_accuracy_level(path, exact, 0)
+        with_accuracy_level(path, exact, 0)
         return check_parity(loaded.model, exact, "target", config.max_draft, config.dtype,
                             config.max_context, graph=graph,
                             session_config={contract.QDQ_ACCURACY: "0"})
@@ -191,7 +191,7 @@ def parity_dequantized(loaded: LoadedModel, path: Path, weights: list[Weight],
         exact.unlink(missing_ok=True)
 
 
-def _with_accuracy_level(path: Path, out: Path, level: int) -> None:
+def with_accuracy_level(path: Path, out: Path, level: int) -> None:
     """A copy of the graph at `path` whose MatMulNBits nodes compute at `level` (the weights
     stay in the external data file both name)."""
     import onnx

@@ -100,8 +100,10 @@ def cpu_session(name: str, root: Path, manifest: Manifest, threads: int = 1,
     from .ort import OrtCpuSession
 
     entry = getattr(manifest, name)
-    return OrtCpuSession(name, root / entry.path, entry, manifest.max_context,
-                         manifest.max_draft + 2, threads, max_batch)
+    session = OrtCpuSession(name, root / entry.path, entry, manifest.max_context,
+                            manifest.max_draft + 2, threads, max_batch)
+    session.open_rows()
+    return session
 
 
 def probe(manifest: Manifest, requested: str, target_only: bool = False) -> Facts:
@@ -225,13 +227,16 @@ def _open(root: Path, manifest: Manifest, name: str, entry: ModelEntry,
     max_new = manifest.max_draft + 2     # verify k+1, or a draft step with its catch-up token
     path = root / entry.path
     if threads is not None or cores == 1:
-        return OrtCpuSession(name, path, entry, manifest.max_context, max_new, threads or 1,
-                             max_batch)
-    candidates = [OrtCpuSession(name, path, entry, manifest.max_context, max_new, n, max_batch)
-                  for n in (1, cores)]
-    # what each runs in the loop: the target single steps (k=0) and whole verifications,
-    # which gain far more from threads than one token does; the draft a round of steps
-    # right after a verification
-    verify = manifest.max_draft + 1
-    lengths = (1, verify) if beside is None else (1,) * max(1, manifest.max_draft)
-    return fastest(candidates, beside, lengths, verify)
+        chosen = OrtCpuSession(name, path, entry, manifest.max_context, max_new, threads or 1,
+                               max_batch)
+    else:
+        candidates = [OrtCpuSession(name, path, entry, manifest.max_context, max_new, n,
+                                    max_batch) for n in (1, cores)]
+        # what each runs in the loop: the target single steps (k=0) and whole verifications,
+        # which gain far more from threads than one token does; the draft a round of steps
+        # right after a verification
+        verify = manifest.max_draft + 1
+        lengths = (1, verify) if beside is None else (1,) * max(1, manifest.max_draft)
+        chosen = fastest(candidates, beside, lengths, verify)
+    chosen.open_rows()      # the chosen one only: each holds its own copy of the weights
+    return chosen

@@ -26,6 +26,7 @@ from ..contract import PREFILL_CHUNK
 from ..errors import BackendError
 from ..manifest import ModelEntry
 from .base import DTYPES
+from .ort_rows import RowsGraph, rows_path
 
 
 def session_options(threads: int | None, entry: ModelEntry | None = None):
@@ -147,6 +148,11 @@ class OrtCpuSession:
             self._bind_caches(0, 1)
         self._bound_len: int | None = None     # the length ids/positions/logits are bound at
         self._run_bound = _runner(self.session, self.binding)
+        # the target's rows graph (design §11), opened by open_rows: once the session is chosen
+        # (backends.select's timing builds candidates), else at the first call that needs it
+        self._rows_file = rows_path(path, entry) if max_batch > 1 and entry.rows \
+            and entry.graph == contract.ORT and self.device == "cpu" else None
+        self._rows: RowsGraph | None = None
         self._scratch = self._allocate_scratch() if max_batch > 1 and not self.in_place else None
 
     def _open(self, path: Path, threads: int | None):
@@ -154,6 +160,28 @@ class OrtCpuSession:
 
         return ort.InferenceSession(str(path), session_options(threads, self.entry),
                                     providers=["CPUExecutionProvider"])
+
+    def open_rows(self) -> RowsGraph | None:
+        """Open the target's rows graph (design §11: a batch's k+1 tokens per row in one call)
+        where the bundle has one and this session batches; a second ONNX Runtime session over
+        the same arenas, holding its own prepacked copy of the weights."""
+        if self._rows is not None or self._rows_file is None:
+            return self._rows
+        where = self._rows_file
+        try:
+            session = self._open(where, self.threads)
+        except Exception as exc:  # ORT raises its own exception types
+            raise BackendError(f"ONNX Runtime cannot load {where}: {exc} ---> HINT: re-run "
+                               f"ssd-export, or load with max_batch=1.") from None
+        self._rows = RowsGraph(self, session,
+                               lambda binding: _binders(binding, self.device, self.device_id),
+                               _runner)
+        return self._rows
+
+    @property
+    def rows_graph(self) -> bool:
+        """Whether a batch's several new tokens per row run in one call of the rows graph."""
+        return self._rows_file is not None
 
     def _allocate(self) -> None:
         e, shape = self.entry, self.arena_shape
@@ -230,6 +258,9 @@ class OrtCpuSession:
         positions = self.positions[0, :width].reshape(B, T)
         ids[:] = token_ids
         positions[:] = past_lens[:, None] + np.arange(T)
+        if T > 1 and self._rows_file is not None:     # the ort target's rows graph (§11)
+            (self._rows or self.open_rows()).run(B, T, int(past_lens.max()) + T)
+            return self._rows_logits(B, T)
         if self.in_place:
             self._bind_caches(0, B)
         else:
@@ -255,8 +286,9 @@ class OrtCpuSession:
         """Whether one call may carry several rows of several new tokens each. ONNX Runtime's
         GroupQueryAttention (the ort flavour) refuses it: "batch_size must be 1 when
         sequence_length > 1 and past context is given" (1.32), so forward_rows runs such
-        calls one row at a time. The standard and static flavours take them."""
-        return self.entry.graph != contract.ORT
+        calls one row at a time, unless the bundle has the target's rows graph
+        (ModelEntry.rows, design §11). The standard and static flavours take them."""
+        return self.entry.graph != contract.ORT or self._rows_file is not None
 
     def _rows_one_by_one(self, token_ids: np.ndarray, past_lens: np.ndarray,
                          real: np.ndarray | None) -> np.ndarray:
