@@ -35,7 +35,6 @@ from . import cache
 from .errors import ConfigError
 from .request import GenerationResult, Request
 from .round.drafting import Drafter, Schedule
-from .round.lookup import Lookup
 from .round.loop import Loop, Row, Stats
 from .scheduler.batch_cost import BatchCost, LiveCost, best_k, measure
 from .scheduler.learning import Acceptance
@@ -191,7 +190,7 @@ class Batch:
             slot = self.slots.index(None)
             req = seq.req
             schedule = self.gen.schedule(req, own=True)
-            lookup = Lookup() if req.source != "model" else None
+            lookup = req.lookup()
             seq.row = Row(list(req.ids), req.rule, schedule,
                           Drafter(self.draft, req.rule, schedule, self._vocab, lookup, slot),
                           seq.stats, req.eos_ids, req.max_new_tokens, len(req.ids))

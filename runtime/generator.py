@@ -20,7 +20,7 @@ from .request import GenerationResult, Mode, Request
 from .round.acceptance import GreedyAcceptance, InvariantSampling, SamplingAcceptance
 from .round.drafting import Drafter, SplitDrafter
 from .round.heads import FusedGreedyAcceptance, FusedSamplingAcceptance, HeadSessions
-from .round.lookup import DRAFT_SOURCES, Lookup
+from .round.lookup import DRAFT_SOURCES, PREDICTION_PRIOR
 from .round.loop import Stats, decode
 from .round.processors import Processors
 from .round.rules import Rule
@@ -113,7 +113,8 @@ class Generator:
                 presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                 logit_bias: dict[int, float] | None = None, min_new_tokens: int = 0,
                 ignore_eos: bool = False, coupling: str = "auto", fused: bool = True,
-                draft_source: str = "fused") -> Request:
+                draft_source: str = "fused",
+                prediction: str | Sequence[int] | None = None) -> Request:
         """One sequence's settings, checked (ConfigError), with its acceptance rule: what
         stream() decodes, and what a batch (batch.py) takes per sequence.
 
@@ -125,7 +126,10 @@ class Generator:
         decides on the host even where the bundle's heads could (batches do).
         `draft_source` (docs/design.md §6.1): "fused" drafts continuations found earlier in
         the sequence (lookup) where they pay and the draft model elsewhere, "model" the
-        draft model alone, "lookup" lookup alone."""
+        draft model alone, "lookup" lookup alone. `prediction` (text or ids; OpenAI's
+        predicted outputs): the output the caller expects, offered to drafting as a lookup
+        source whatever `draft_source` (the schedule still takes it only where it pays); the
+        output stays the target's, and stats count its tokens drafted and accepted."""
         if logit_bias is not None and not isinstance(logit_bias, dict):
             raise ConfigError(f"logit_bias must be a dict {{token id: bias}}, not "
                               f"{type(logit_bias).__name__}.")
@@ -157,7 +161,7 @@ class Generator:
         # acceptance is learnt per kind of rule: the invariant one accepts a little less
         kind = "greedy" if params.greedy else "invariant" if params.invariant else "sampled"
         return Request(ids, rule, eos, max_new_tokens, k, list(stop or []), mode, kind,
-                       draft_source)
+                       draft_source, self._prediction_ids(prediction, len(ids)))
 
     def batch(self, k: int | Literal["auto"] = "auto", slots: int | None = None) -> Batch:
         """A batch over `slots` (default: all max_batch) of this generator's slots (batch.py):
@@ -243,7 +247,7 @@ class Generator:
         stats = Stats(backend=self.backend, k=k, prompt_tokens=len(ids), mode=mode,
                       threads=f"{self.target.threads}:{self.draft.threads}")
         text = TextStream(self.codec, req.stop, pieces)
-        lookup = Lookup() if req.source != "model" else None
+        lookup = req.lookup()
         schedule = self.schedule(req)
         drafter = DRAFTERS[mode](self.draft, rule, schedule,
                                  (self.manifest.target.vocab_size, self.manifest.draft.vocab_size),
@@ -271,14 +275,18 @@ class Generator:
         kind (greedy, sampled, invariant) and source, round times per mode; `own` (a batch's
         sequences, several at once) learns on a copy, which the batch keeps when the sequence
         ends."""
+        # a prediction's worth is its own request's: it starts from the client's claim that
+        # the output follows it, and is learnt as its tokens are judged
+        predicted = Acceptance.starting_at(PREDICTION_PRIOR) if req.prediction is not None \
+            else None
         if req.k != "auto":
-            return FixedK(req.k, req.source != "lookup", self.prior(), Acceptance())
+            return FixedK(req.k, req.source != "lookup", self.prior(), predicted or Acceptance())
         cost, max_draft, kind = self.cost_model(), self.manifest.max_draft, req.kind
         if req.mode not in self._times:
             self._times[req.mode] = RoundTimes.from_cost(cost, max_draft)
         learnt = self.learnt(kind).carried() if own else self.learnt(kind)
-        lookup = None
-        if req.source != "model":
+        lookup = predicted
+        if lookup is None and req.source != "model":
             lookup = Acceptance() if own else \
                 self._learnt.setdefault(f"{kind}/lookup", Acceptance())
         return AdaptiveK(cost, max_draft, learnt, self._times[req.mode], lookup=lookup,
@@ -342,6 +350,33 @@ class Generator:
         if bad:
             raise ConfigError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab}).")
         return ids
+
+    def _prediction_ids(self, prediction: str | Sequence[int] | None,
+                        prompt_len: int) -> list[int] | None:
+        """The prediction tokenised once (text), or checked (ids); None when there is none.
+        Longer than the context leaves after the prompt, it could never be emitted whole: a
+        ConfigError naming it."""
+        if prediction is None:
+            return None
+        if isinstance(prediction, str):
+            ids = self.codec.encode(prediction) if prediction else []
+        elif isinstance(prediction, Sequence) and all(isinstance(i, int) and
+                                                      not isinstance(i, bool)
+                                                      for i in prediction):
+            ids = list(prediction)
+        else:
+            raise ConfigError("prediction must be a string or a list of token ids (ints).")
+        vocab, room = self.manifest.target.vocab_size, self.manifest.max_context - prompt_len
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise ConfigError(f"prediction: token id {bad[0]} is outside the vocabulary "
+                              f"[0, {vocab}).")
+        if len(ids) > room:
+            raise ConfigError(f"prediction has {len(ids)} tokens, more than the {room} the "
+                              f"context ({self.manifest.max_context}) leaves after the prompt's "
+                              f"{prompt_len}. ---> HINT: predict only the part of the output "
+                              f"you expect, or shorten the prompt.")
+        return ids or None
 
     def _check(self, k: int, max_new_tokens: int, stop: Sequence[str] | None) -> None:
         if k == "auto":

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from .round.lookup import Lookup, Prediction
 from .round.loop import Stats
 from .round.rules import Rule
 
@@ -35,3 +36,13 @@ class Request:
     mode: Mode
     kind: str                 # "greedy" | "sampled" | "invariant": what acceptance is learnt for
     source: str = "fused"     # lookup.DRAFT_SOURCES: who drafts
+    prediction: list[int] | None = None   # the predicted output's ids (OpenAI's `prediction`)
+
+    def lookup(self) -> Lookup | None:
+        """Its lookup source (docs/design.md §6.1): the sequence's own earlier text unless the
+        draft model drafts alone, and the prediction whenever there is one."""
+        if self.source == "model" and self.prediction is None:
+            return None
+        prediction = None if self.prediction is None else \
+            Prediction(self.prediction, len(self.ids))
+        return Lookup(prediction=prediction, sequence=self.source != "model")

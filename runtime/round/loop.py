@@ -37,6 +37,8 @@ class Stats:
     accepted: int = 0
     lookup_drafted: int = 0       # of drafted, the tokens found by lookup (docs/design.md §6.1)
     lookup_accepted: int = 0      # ... and of accepted
+    prediction_drafted: int = 0   # of lookup_drafted, the request's prediction's (OpenAI's
+    prediction_accepted: int = 0  # accepted/rejected_prediction_tokens: judged by the target)
     split_bets: int = 0           # split mode: rounds whose next round was drafted ahead
     split_hits: int = 0           # ... and whose bet was right
     mode: str = "sequential"
@@ -170,6 +172,9 @@ class Loop:
             if taken := row.drafter.from_lookup:
                 st.lookup_drafted += taken
                 st.lookup_accepted += min(j, taken)
+            if taken := row.drafter.from_prediction:
+                st.prediction_drafted += taken
+                st.prediction_accepted += min(j, taken)
             st.seconds["draft"] += t1 - t0
             st.seconds["verify"] += t2 - t1
             st.new_tokens = row.produced

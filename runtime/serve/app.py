@@ -67,12 +67,30 @@ class Server:
                            param, "context_length_exceeded")
         return ids
 
+    def prediction_ids(self, text: str, prompt_len: int) -> list[int]:
+        """The prediction tokenised once; longer than the context leaves after the prompt, a
+        400 naming it (it could never be emitted whole)."""
+        try:
+            ids = self.generator.encode(text) if text else []
+        except SsdError as exc:
+            raise ApiError(400, f"prediction: {exc}", "prediction") from None
+        room = self.max_context - prompt_len
+        if len(ids) > room:
+            raise ApiError(400, f"prediction has {len(ids)} tokens, more than the {room} this "
+                                f"model's context of {self.max_context} tokens leaves after the "
+                                f"prompt's {prompt_len}. ---> HINT: predict only the part of the "
+                                f"output you expect, or shorten the prompt.",
+                           "prediction", "context_length_exceeded")
+        return ids
+
     async def respond(self, request: Request, ids: list[int], opts: Sampling, stream: bool,
                       include_usage: bool, chat: bool) -> Response:
         """Validate, take a place in the queue (or 429), then answer as JSON or as SSE."""
+        options = {**opts.options(self.k), "draft_source": self.config.draft_source}
+        if opts.prediction is not None:
+            options["prediction"] = self.prediction_ids(opts.prediction, len(ids))
         try:
-            pieces = self.engine.prepare(ids, {**opts.options(self.k),   # validates eagerly
-                                               "draft_source": self.config.draft_source})
+            pieces = self.engine.prepare(ids, options)      # validates eagerly
         except SsdError as exc:
             raise ApiError(400, str(exc)) from None
         ticket = self.engine.enter(pieces)

@@ -25,6 +25,8 @@ UNSUPPORTED_DEFAULTS: dict[str, tuple[Any, ...]] = {
     "n": (None, 1), "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""),
     "logprobs": (None, False), "top_logprobs": (None, 0), "tools": (None, []),
     "functions": (None, []), "tool_choice": (None, "none"),
+    # structured outputs are not constrained yet (issue 45): refused, never silently dropped
+    "response_format": (None, {"type": "text"}),
 }
 # How a field must look, for messages that name the field rather than pydantic's union arms.
 FIELD_SHAPES = {
@@ -39,6 +41,7 @@ FIELD_SHAPES = {
     "logit_bias": "an object mapping token ids (as strings) to numbers in [-100, 100]",
     "min_tokens": "an integer >= 0", "ignore_eos": "true or false",
     "stream": "true or false", "model": "a string naming the served model",
+    "prediction": "an object {\"type\": \"content\", \"content\": text or text parts}",
 }
 
 
@@ -67,6 +70,27 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class TextPart(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    type: Literal["text"]
+    text: str
+
+
+class PredictionContent(BaseModel):
+    """OpenAI's predicted output: {"type": "content", "content": text or text parts}."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    type: Literal["content"]
+    content: str | list[TextPart]
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else \
+            "".join(part.text for part in self.content)
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
 
@@ -86,17 +110,11 @@ class _Request(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    prediction: PredictionContent | None = None   # OpenAI's predicted outputs
 
 
 class CompletionRequest(_Request):
     prompt: str | list[int] | list[str] | list[list[int]]
-
-
-class TextPart(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-
-    type: Literal["text"]
-    text: str
 
 
 class ChatMessage(BaseModel):
@@ -131,11 +149,13 @@ class Sampling:
     seed: int | None
     stop: list[str] | None
     penalties: dict[str, Any]                 # penalties, logit_bias, min_new_tokens, ignore_eos
+    prediction: str | None = None             # the predicted output's text
 
     def options(self, k: int) -> dict[str, Any]:
         return dict(max_new_tokens=self.max_tokens, k=k, temperature=self.temperature,
                     top_k=self.top_k, top_p=self.top_p, seed=self.seed, stop=self.stop,
-                    **self.penalties)
+                    **self.penalties, **({"prediction": self.prediction}
+                                         if self.prediction is not None else {}))
 
 
 def parse_request(raw: bytes, kind: type[_Req]) -> _Req:
@@ -201,8 +221,9 @@ def sampling(req: CompletionRequest | ChatCompletionRequest, served_name: str,
     if stop is not None and len(stop) > MAX_STOPS:
         raise ApiError(400, f"stop has {len(stop)} strings; at most {MAX_STOPS} are allowed.",
                        "stop")
+    prediction = req.prediction.text if req.prediction is not None else None
     return Sampling(max_tokens, float(temperature), float(top_p), int(top_k), req.seed,
-                    stop, penalties)           # empty strings: TextStream ignores them
+                    stop, penalties, prediction)   # empty stop strings: TextStream ignores them
 
 
 def _logit_bias(raw: dict[str, float]) -> dict[int, float]:
@@ -239,10 +260,19 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def usage_body(result: GenerationResult) -> dict[str, int]:
-    prompt, completion = result.stats.prompt_tokens, len(result.token_ids)
+def usage_body(result: GenerationResult) -> dict[str, Any]:
+    """OpenAI's usage, with `completion_tokens_details` counting the prediction's tokens the
+    target accepted and rejected when they were drafted (0 without a prediction), and this
+    request's draft tokens and how many passed (extensions, in every answer: docs/serving.md)."""
+    s = result.stats
+    prompt, completion = s.prompt_tokens, len(result.token_ids)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+            "total_tokens": prompt + completion,
+            "completion_tokens_details": {
+                "accepted_prediction_tokens": s.prediction_accepted,
+                "rejected_prediction_tokens": s.prediction_drafted - s.prediction_accepted},
+            "draft_tokens": s.drafted, "accepted_draft_tokens": s.accepted,
+            "acceptance_rate": s.acceptance_rate}
 
 
 def speculative_body(result: GenerationResult, replica: str) -> dict[str, Any]:
