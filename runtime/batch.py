@@ -193,7 +193,8 @@ class Batch:
             lookup = req.lookup()
             seq.row = Row(list(req.ids), req.rule, schedule,
                           Drafter(self.draft, req.rule, schedule, self._vocab, lookup, slot),
-                          seq.stats, req.eos_ids, req.max_new_tokens, len(req.ids))
+                          seq.stats, req.eos_ids, req.max_new_tokens, len(req.ids),
+                          logprobs=req.new_logprobs())
             self.slots[slot] = seq
 
     def _prefill(self) -> None:
@@ -342,7 +343,9 @@ class Batch:
                                  - st.seconds["verify"])
         if st.drafted and seq.req.k == "auto":        # what the next sequences start from
             self.gen._learnt[seq.req.kind] = seq.row.schedule.learnt.carried()
-        return GenerationResult(seq.text.ids, seq.text.text, reason, st), tail
+        logprobs = seq.req.kept(seq.row.logprobs if seq.row is not None else None,
+                                seq.text.ids)
+        return GenerationResult(seq.text.ids, seq.text.text, reason, st, logprobs=logprobs), tail
 
     def _take_done(self) -> list[Event]:
         done, self._done = self._done, []

@@ -20,6 +20,7 @@ from .request import GenerationResult, Mode, Request
 from .round.acceptance import GreedyAcceptance, InvariantSampling, SamplingAcceptance
 from .round.drafting import Drafter, SplitDrafter
 from .round.heads import FusedGreedyAcceptance, FusedSamplingAcceptance, HeadSessions
+from .round.logprobs import MAX_TOP
 from .round.lookup import DRAFT_SOURCES, PREDICTION_PRIOR
 from .round.loop import Stats, decode
 from .round.processors import Processors
@@ -114,7 +115,8 @@ class Generator:
                 logit_bias: dict[int, float] | None = None, min_new_tokens: int = 0,
                 ignore_eos: bool = False, coupling: str = "auto", fused: bool = True,
                 draft_source: str = "fused",
-                prediction: str | Sequence[int] | None = None) -> Request:
+                prediction: str | Sequence[int] | None = None,
+                logprobs: int | None = None) -> Request:
         """One sequence's settings, checked (ConfigError), with its acceptance rule: what
         stream() decodes, and what a batch (batch.py) takes per sequence.
 
@@ -129,7 +131,13 @@ class Generator:
         draft model alone, "lookup" lookup alone. `prediction` (text or ids; OpenAI's
         predicted outputs): the output the caller expects, offered to drafting as a lookup
         source whatever `draft_source` (the schedule still takes it only where it pays); the
-        output stays the target's, and stats count its tokens drafted and accepted."""
+        output stays the target's, and stats count its tokens drafted and accepted.
+        `logprobs` (0..20): the result carries the target's log-probability of each token
+        and of that many likeliest alternatives (round/logprobs.py)."""
+        if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool)
+                                     or not 0 <= logprobs <= MAX_TOP):
+            raise ConfigError(f"logprobs={logprobs!r} must be an integer in [0, {MAX_TOP}] "
+                              f"(alternatives per token), or None.")
         if logit_bias is not None and not isinstance(logit_bias, dict):
             raise ConfigError(f"logit_bias must be a dict {{token id: bias}}, not "
                               f"{type(logit_bias).__name__}.")
@@ -161,7 +169,7 @@ class Generator:
         # acceptance is learnt per kind of rule: the invariant one accepts a little less
         kind = "greedy" if params.greedy else "invariant" if params.invariant else "sampled"
         return Request(ids, rule, eos, max_new_tokens, k, list(stop or []), mode, kind,
-                       draft_source, self._prediction_ids(prediction, len(ids)))
+                       draft_source, self._prediction_ids(prediction, len(ids)), logprobs)
 
     def batch(self, k: int | Literal["auto"] = "auto", slots: int | None = None) -> Batch:
         """A batch over `slots` (default: all max_batch) of this generator's slots (batch.py):
@@ -252,8 +260,9 @@ class Generator:
         drafter = DRAFTERS[mode](self.draft, rule, schedule,
                                  (self.manifest.target.vocab_size, self.manifest.draft.vocab_size),
                                  lookup)
+        logprobs = req.new_logprobs()
         rounds = decode(self.target, drafter, rule, ids, req.max_new_tokens, schedule, eos_ids,
-                        stats)
+                        stats, logprobs)
         try:
             for new in rounds:
                 if piece := text.push(new):
@@ -266,7 +275,8 @@ class Generator:
             yield tail
         if text.stopped:
             stats.stop_reason = "stop"
-        self.last_result = GenerationResult(text.ids, text.text, stats.stop_reason, stats)
+        self.last_result = GenerationResult(text.ids, text.text, stats.stop_reason, stats,
+                                            logprobs=req.kept(logprobs, text.ids))
 
     def schedule(self, req: Request, own: bool = False) -> AdaptiveK | FixedK:
         """A sequence's schedule. A fixed k learns afresh each call: its drafts (and so a

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .round.lookup import Lookup, Prediction
+from .round.logprobs import Logprobs, TokenLogprob
 from .round.loop import Stats
 from .round.rules import Rule
 
@@ -21,6 +22,7 @@ class GenerationResult:
     stop_reason: str          # "eos" | "length" | "context" | "stop" | "error" (batches only)
     stats: Stats
     error: str | None = None  # generate_batch: why this prompt was refused (the others ran)
+    logprobs: list[TokenLogprob] | None = None   # the target's, one per token id, when asked
 
 
 @dataclass
@@ -37,6 +39,14 @@ class Request:
     kind: str                 # "greedy" | "sampled" | "invariant": what acceptance is learnt for
     source: str = "fused"     # lookup.DRAFT_SOURCES: who drafts
     prediction: list[int] | None = None   # the predicted output's ids (OpenAI's `prediction`)
+    logprobs: int | None = None           # top alternatives per token wanted (None: none)
+
+    def new_logprobs(self) -> Logprobs | None:
+        return None if self.logprobs is None else Logprobs(self.logprobs)
+
+    def kept(self, logprobs: Logprobs | None, token_ids: list[int]) -> list[TokenLogprob] | None:
+        """The log-probabilities of the tokens the result keeps (a stop string trims them)."""
+        return None if logprobs is None else logprobs.tokens[:len(token_ids)]
 
     def lookup(self) -> Lookup | None:
         """Its lookup source (docs/design.md §6.1): the sequence's own earlier text unless the
