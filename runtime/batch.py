@@ -194,7 +194,7 @@ class Batch:
             seq.row = Row(list(req.ids), req.rule, schedule,
                           Drafter(self.draft, req.rule, schedule, self._vocab, lookup, slot),
                           seq.stats, req.eos_ids, req.max_new_tokens, len(req.ids),
-                          logprobs=req.new_logprobs())
+                          logprobs=req.logprobs)
             self.slots[slot] = seq
 
     def _prefill(self) -> None:
@@ -343,9 +343,8 @@ class Batch:
                                  - st.seconds["verify"])
         if st.drafted and seq.req.k == "auto":        # what the next sequences start from
             self.gen._learnt[seq.req.kind] = seq.row.schedule.learnt.carried()
-        logprobs = seq.req.kept(seq.row.logprobs if seq.row is not None else None,
-                                seq.text.ids)
-        return GenerationResult(seq.text.ids, seq.text.text, reason, st, logprobs=logprobs), tail
+        return GenerationResult(seq.text.ids, seq.text.text, reason, st,
+                                logprobs=seq.req.kept(seq.text.ids)), tail
 
     def _take_done(self) -> list[Event]:
         done, self._done = self._done, []

@@ -20,7 +20,7 @@ from .request import GenerationResult, Mode, Request
 from .round.acceptance import GreedyAcceptance, InvariantSampling, SamplingAcceptance
 from .round.drafting import Drafter, SplitDrafter
 from .round.heads import FusedGreedyAcceptance, FusedSamplingAcceptance, HeadSessions
-from .round.logprobs import MAX_TOP
+from .round.logprobs import MAX_TOP, Logprobs
 from .round.lookup import DRAFT_SOURCES, PREDICTION_PRIOR
 from .round.loop import Stats, decode
 from .round.processors import Processors
@@ -116,7 +116,7 @@ class Generator:
                 ignore_eos: bool = False, coupling: str = "auto", fused: bool = True,
                 draft_source: str = "fused",
                 prediction: str | Sequence[int] | None = None,
-                logprobs: int | None = None) -> Request:
+                logprobs: int | Logprobs | None = None) -> Request:
         """One sequence's settings, checked (ConfigError), with its acceptance rule: what
         stream() decodes, and what a batch (batch.py) takes per sequence.
 
@@ -133,11 +133,15 @@ class Generator:
         source whatever `draft_source` (the schedule still takes it only where it pays); the
         output stays the target's, and stats count its tokens drafted and accepted.
         `logprobs` (0..20): the result carries the target's log-probability of each token
-        and of that many likeliest alternatives (round/logprobs.py)."""
-        if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool)
-                                     or not 0 <= logprobs <= MAX_TOP):
-            raise ConfigError(f"logprobs={logprobs!r} must be an integer in [0, {MAX_TOP}] "
+        and of that many likeliest alternatives (round/logprobs.py); a `Logprobs` given
+        instead collects them as the sequence decodes (the server streams them from it)."""
+        top = logprobs.top if isinstance(logprobs, Logprobs) else logprobs
+        if top is not None and (not isinstance(top, int) or isinstance(top, bool)
+                                or not 0 <= top <= MAX_TOP):
+            raise ConfigError(f"logprobs={top!r} must be an integer in [0, {MAX_TOP}] "
                               f"(alternatives per token), or None.")
+        if isinstance(top, int) and not isinstance(logprobs, Logprobs):
+            logprobs = Logprobs(top)
         if logit_bias is not None and not isinstance(logit_bias, dict):
             raise ConfigError(f"logit_bias must be a dict {{token id: bias}}, not "
                               f"{type(logit_bias).__name__}.")
@@ -260,9 +264,8 @@ class Generator:
         drafter = DRAFTERS[mode](self.draft, rule, schedule,
                                  (self.manifest.target.vocab_size, self.manifest.draft.vocab_size),
                                  lookup)
-        logprobs = req.new_logprobs()
         rounds = decode(self.target, drafter, rule, ids, req.max_new_tokens, schedule, eos_ids,
-                        stats, logprobs)
+                        stats, req.logprobs)
         try:
             for new in rounds:
                 if piece := text.push(new):
@@ -276,7 +279,7 @@ class Generator:
         if text.stopped:
             stats.stop_reason = "stop"
         self.last_result = GenerationResult(text.ids, text.text, stats.stop_reason, stats,
-                                            logprobs=req.kept(logprobs, text.ids))
+                                            logprobs=req.kept(text.ids))
 
     def schedule(self, req: Request, own: bool = False) -> AdaptiveK | FixedK:
         """A sequence's schedule. A fixed k learns afresh each call: its drafts (and so a

@@ -39,14 +39,11 @@ class Request:
     kind: str                 # "greedy" | "sampled" | "invariant": what acceptance is learnt for
     source: str = "fused"     # lookup.DRAFT_SOURCES: who drafts
     prediction: list[int] | None = None   # the predicted output's ids (OpenAI's `prediction`)
-    logprobs: int | None = None           # top alternatives per token wanted (None: none)
+    logprobs: Logprobs | None = None      # collects the target's log-probabilities, if asked
 
-    def new_logprobs(self) -> Logprobs | None:
-        return None if self.logprobs is None else Logprobs(self.logprobs)
-
-    def kept(self, logprobs: Logprobs | None, token_ids: list[int]) -> list[TokenLogprob] | None:
+    def kept(self, token_ids: list[int]) -> list[TokenLogprob] | None:
         """The log-probabilities of the tokens the result keeps (a stop string trims them)."""
-        return None if logprobs is None else logprobs.tokens[:len(token_ids)]
+        return None if self.logprobs is None else self.logprobs.tokens[:len(token_ids)]
 
     def lookup(self) -> Lookup | None:
         """Its lookup source (docs/design.md §6.1): the sequence's own earlier text unless the

@@ -20,10 +20,11 @@ if TYPE_CHECKING:
 
 FINISH_REASON = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
 MAX_STOPS = 4                                 # as the OpenAI API
+MAX_COMPLETION_LOGPROBS, MAX_CHAT_LOGPROBS = 5, 20   # as the OpenAI API
 # Fields the OpenAI API has and this server does not implement: allowed only at these values.
 UNSUPPORTED_DEFAULTS: dict[str, tuple[Any, ...]] = {
     "n": (None, 1), "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""),
-    "logprobs": (None, False), "top_logprobs": (None, 0), "tools": (None, []),
+    "tools": (None, []),
     "functions": (None, []), "tool_choice": (None, "none"),
     # structured outputs are not constrained yet (issue 45): refused, never silently dropped
     "response_format": (None, {"type": "text"}),
@@ -115,6 +116,7 @@ class _Request(BaseModel):
 
 class CompletionRequest(_Request):
     prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = None               # the N likeliest per token (0..5), as OpenAI
 
 
 class ChatMessage(BaseModel):
@@ -133,6 +135,8 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None  # the newer name of max_tokens
+    logprobs: bool | None = None
+    top_logprobs: int | None = None           # 0..20, with logprobs: true
 
 
 _Req = TypeVar("_Req", bound=_Request)
@@ -150,12 +154,14 @@ class Sampling:
     stop: list[str] | None
     penalties: dict[str, Any]                 # penalties, logit_bias, min_new_tokens, ignore_eos
     prediction: str | None = None             # the predicted output's text
+    logprobs: int | None = None               # top alternatives per token (None: no logprobs)
 
     def options(self, k: int) -> dict[str, Any]:
         return dict(max_new_tokens=self.max_tokens, k=k, temperature=self.temperature,
                     top_k=self.top_k, top_p=self.top_p, seed=self.seed, stop=self.stop,
                     **self.penalties, **({"prediction": self.prediction}
-                                         if self.prediction is not None else {}))
+                                         if self.prediction is not None else {}),
+                    **({"logprobs": self.logprobs} if self.logprobs is not None else {}))
 
 
 def parse_request(raw: bytes, kind: type[_Req]) -> _Req:
@@ -223,7 +229,27 @@ def sampling(req: CompletionRequest | ChatCompletionRequest, served_name: str,
                        "stop")
     prediction = req.prediction.text if req.prediction is not None else None
     return Sampling(max_tokens, float(temperature), float(top_p), int(top_k), req.seed,
-                    stop, penalties, prediction)   # empty stop strings: TextStream ignores them
+                    stop, penalties, prediction,   # empty stop strings: TextStream ignores them
+                    _logprobs(req))
+
+
+def _logprobs(req: CompletionRequest | ChatCompletionRequest) -> int | None:
+    """How many alternatives per token a request asks for, None for no logprobs: completions'
+    `logprobs: N` (0..5), chat's `logprobs: true` with `top_logprobs: N` (0..20)."""
+    if isinstance(req, CompletionRequest):
+        if req.logprobs is not None and not 0 <= req.logprobs <= MAX_COMPLETION_LOGPROBS:
+            raise ApiError(400, f"logprobs={req.logprobs} must be in [0, "
+                                f"{MAX_COMPLETION_LOGPROBS}].", "logprobs")
+        return req.logprobs
+    top = req.top_logprobs
+    if top is not None and not 0 <= top <= MAX_CHAT_LOGPROBS:
+        raise ApiError(400, f"top_logprobs={top} must be in [0, {MAX_CHAT_LOGPROBS}].",
+                       "top_logprobs")
+    if not req.logprobs:
+        if top:
+            raise ApiError(400, "top_logprobs needs logprobs: true.", "top_logprobs")
+        return None
+    return top or 0
 
 
 def _logit_bias(raw: dict[str, float]) -> dict[int, float]:
@@ -285,9 +311,9 @@ def speculative_body(result: GenerationResult, replica: str) -> dict[str, Any]:
 
 
 def completion_body(rid: str, model: str, result: GenerationResult, replica: str,
-                    chat: bool) -> dict[str, Any]:
+                    chat: bool, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     finish = FINISH_REASON.get(result.stop_reason, "stop")
-    choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": logprobs}
     if chat:
         choice["message"] = {"role": "assistant", "content": result.text}
     else:
@@ -299,9 +325,9 @@ def completion_body(rid: str, model: str, result: GenerationResult, replica: str
 
 def chunk_body(rid: str, model: str, chat: bool, text: str | None = None,
                result: GenerationResult | None = None, replica: str = "",
-               role: bool = False) -> dict[str, Any]:
+               role: bool = False, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     """One streamed chunk: a text piece, the role opener (chat), or the finish chunk."""
-    choice: dict[str, Any] = {"index": 0, "finish_reason": None, "logprobs": None}
+    choice: dict[str, Any] = {"index": 0, "finish_reason": None, "logprobs": logprobs}
     if chat:
         choice["delta"] = {"role": "assistant", "content": ""} if role else \
             ({"content": text} if text is not None else {})

@@ -122,3 +122,80 @@ def test_bad_fields_are_400s_naming_them(server, client):
                                            response_format={"type": "text"})
     assert plain.choices[0].message.content is not None
     assert server.health()["status"] == "ok"
+
+
+def test_completion_logprobs_are_the_target_alones(client, gen):
+    args = dict(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, logprobs=3)
+    res = client.completions.create(**args)
+    alone = gen.generate(PROMPT, max_new_tokens=24, k=0, logprobs=3)
+    lp = res.choices[0].logprobs
+    assert res.choices[0].text == alone.text
+    assert len(lp.tokens) == len(alone.token_ids) == len(lp.token_logprobs)
+    # each token's own text (a piece of a character shows as U+FFFD, as OpenAI's)
+    assert lp.tokens == [gen.codec.tokenizer.decode([i], skip_special_tokens=False)
+                         for i in alone.token_ids]
+    assert lp.token_logprobs == pytest.approx([t.logprob for t in alone.logprobs], abs=1e-4)
+    # the 3 likeliest and the emitted token, by text (ids whose texts coincide share a key)
+    assert all(1 <= len(top) <= 4 for top in lp.top_logprobs)
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    streamed = [c.choices[0].logprobs for c in client.completions.create(**args, stream=True)
+                if c.choices and c.choices[0].logprobs is not None]
+    assert [v for c in streamed for v in c.token_logprobs] == pytest.approx(
+        lp.token_logprobs, abs=1e-6)
+    assert [o for c in streamed for o in c.text_offset] == lp.text_offset
+
+
+def test_chat_logprobs_streamed_and_whole(client, bundle, gen):
+    messages = [{"role": "user", "content": "Read a config file."}]
+    args = dict(model=MODEL, messages=messages, max_tokens=24, temperature=0.8, seed=4,
+                logprobs=True, top_logprobs=2)
+    whole = client.chat.completions.create(**args)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == whole.usage.completion_tokens
+    assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
+    assert b"".join(bytes(t.bytes) for t in content).decode("utf-8", "replace") \
+        .startswith(whole.choices[0].message.content[:8])
+    streamed = [t for c in client.chat.completions.create(**args, stream=True)
+                if c.choices and c.choices[0].logprobs is not None
+                for t in c.choices[0].logprobs.content]
+    assert [t.token for t in streamed] == [t.token for t in content]
+    assert [t.logprob for t in streamed] == pytest.approx([t.logprob for t in content],
+                                                          abs=1e-6)
+    plain = client.chat.completions.create(**{**args, "logprobs": None, "top_logprobs": None})
+    assert plain.choices[0].logprobs is None
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", {"prompt": "x", "logprobs": 6}, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "logprobs": True}, "logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "top_logprobs": 3}, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+])
+def test_bad_logprobs_are_400s_naming_them(server, path, body, param):
+    assert _error(server, path, {"model": MODEL, **body})["param"] == param
+
+
+def test_one_at_a_time_serving_streams_logprobs_and_predictions_too(bundle, gen):
+    """--max-batch 1: the engine that steps one generator stream (engine.py)."""
+    from fastapi.testclient import TestClient
+
+    from ssd_runtime.serve.app import create_app
+    from ssd_runtime.serve.config import ServeConfig
+
+    app = create_app(ServeConfig(bundle=bundle, model_name=MODEL, k=4, max_batch=1,
+                                 threads=1))
+    with TestClient(app) as http:
+        client = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http)
+        alone = gen.generate(PROMPT, max_new_tokens=20, k=0, logprobs=1)
+        chunks = list(client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=20, temperature=0, logprobs=1, stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"prediction": {"type": "content", "content": alone.text}}))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        values = [v for c in chunks if c.choices and c.choices[0].logprobs
+                  for v in c.choices[0].logprobs.token_logprobs]
+        assert text == alone.text
+        assert values == pytest.approx([t.logprob for t in alone.logprobs], abs=1e-4)
+        assert chunks[-1].usage.completion_tokens_details.accepted_prediction_tokens > 0
