@@ -23,6 +23,7 @@ from .round.heads import FusedGreedyAcceptance, FusedSamplingAcceptance, HeadSes
 from .round.logprobs import MAX_TOP, Logprobs
 from .round.lookup import DRAFT_SOURCES, PREDICTION_PRIOR
 from .round.loop import Stats, decode
+from .round.grammar import Constraint, tokenizer_for
 from .round.processors import Processors
 from .round.rules import Rule
 from .round.sampling import SamplingParams
@@ -57,6 +58,7 @@ class Generator:
             if fused_heads else None
         self.eos_ids = set(manifest.tokenizer.eos_token_ids)
         self.last_result: GenerationResult | None = None
+        self._grammar_tokenizer: Any = None          # llguidance's, for response_format
         self._cost: CostModel | None = None
         self._learnt: dict[str, Acceptance] = {}     # k="auto": what earlier calls saw
         self._times: dict[str, RoundTimes] = {}      # ... and how long their rounds took, by mode
@@ -116,7 +118,8 @@ class Generator:
                 ignore_eos: bool = False, coupling: str = "auto", fused: bool = True,
                 draft_source: str = "fused",
                 prediction: str | Sequence[int] | None = None,
-                logprobs: int | Logprobs | None = None) -> Request:
+                logprobs: int | Logprobs | None = None,
+                response_format: dict[str, Any] | Constraint | None = None) -> Request:
         """One sequence's settings, checked (ConfigError), with its acceptance rule: what
         stream() decodes, and what a batch (batch.py) takes per sequence.
 
@@ -134,7 +137,11 @@ class Generator:
         output stays the target's, and stats count its tokens drafted and accepted.
         `logprobs` (0..20): the result carries the target's log-probability of each token
         and of that many likeliest alternatives (round/logprobs.py); a `Logprobs` given
-        instead collects them as the sequence decodes (the server streams them from it)."""
+        instead collects them as the sequence decodes (the server streams them from it).
+        `response_format` (OpenAI's: {"type": "text" | "json_object" | "json_schema",
+        "json_schema": {"name", "schema", "strict"}}, or a `constraint()`): the output follows
+        the grammar, masked on the draft's proposals and the target's verification alike
+        (round/grammar.py), so it is the constrained target alone's."""
         top = logprobs.top if isinstance(logprobs, Logprobs) else logprobs
         if top is not None and (not isinstance(top, int) or isinstance(top, bool)
                                 or not 0 <= top <= MAX_TOP):
@@ -167,8 +174,15 @@ class Generator:
         draft_vocab = self.manifest.draft.vocab_size
         # the heads judge draft and target rows of one width: a padded pair decides on the host
         heads = self.heads if fused and draft_vocab == vocab else None
+        constraint = self.constraint(response_format)
+        if constraint is not None and (mode == "split" or ignore_eos):
+            raise ConfigError(f"response_format {constraint.name} cannot be used with "
+                              + ("mode='split' (its bet thread would move the grammar's "
+                                 "matcher while the target's rows are judged)" if mode == "split"
+                                 else "ignore_eos (the grammar ends in EOS)")
+                              + ". ---> HINT: leave that setting out.")
         rule = make_rule(params, heads, ids,
-                         max(vocab, draft_vocab), self.eos_ids)
+                         max(vocab, draft_vocab), self.eos_ids, constraint)
         eos = set() if ignore_eos else self.eos_ids
         # acceptance is learnt per kind of rule: the invariant one accepts a little less
         kind = "greedy" if params.greedy else "invariant" if params.invariant else "sampled"
@@ -364,6 +378,18 @@ class Generator:
             raise ConfigError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab}).")
         return ids
 
+    def constraint(self, response_format: dict[str, Any] | Constraint | None
+                   ) -> Constraint | None:
+        """OpenAI's response_format compiled for this bundle's tokenizer (None: text, or none);
+        ConfigError naming response_format for what cannot be honoured."""
+        if response_format is None or isinstance(response_format, Constraint):
+            return response_format
+        vocab = self.manifest.target.vocab_size
+        if self._grammar_tokenizer is None:        # built once (llguidance: ~ms to ~1 s)
+            self._grammar_tokenizer = tokenizer_for(self.codec.tokenizer.to_str(), vocab,
+                                                    sorted(self.eos_ids))
+        return Constraint.compile(response_format, self._grammar_tokenizer, vocab)
+
     def _prediction_ids(self, prediction: str | Sequence[int] | None,
                         prompt_len: int) -> list[int] | None:
         """The prediction tokenised once (text), or checked (ids); None when there is none.
@@ -409,13 +435,16 @@ class Generator:
 
 
 def make_rule(params: SamplingParams, heads: HeadSessions | None = None,
-              prompt: list[int] = (), vocab: int = 0, eos_ids: set[int] = frozenset()) -> Rule:
+              prompt: list[int] = (), vocab: int = 0, eos_ids: set[int] = frozenset(),
+              constraint: Constraint | None = None) -> Rule:
     """The host rule, or the same rule on the bundle's ONNX heads when `heads` is given (the
     heads have no logits processors and no invariant coupling: with penalties, a bias, a
-    minimum length or a seeded invariant run the host decides)."""
-    if heads is None or params.processed or params.invariant:
-        processors = Processors(params, list(prompt), vocab, eos_ids) if params.processed \
-            else None
+    minimum length, a response_format or a seeded invariant run the host decides)."""
+    if heads is None or params.processed or params.invariant or constraint is not None:
+        processors = Processors(params, list(prompt), vocab, eos_ids) \
+            if params.processed or constraint is not None else None
+        if constraint is not None:
+            processors.matcher = constraint.matcher()
         if params.greedy:
             return GreedyAcceptance(processors)
         if params.invariant:
