@@ -95,10 +95,16 @@ class Server:
         collected = None
         if opts.logprobs is not None:        # filled by the rounds, read as pieces go out
             collected = options["logprobs"] = Logprobs(opts.logprobs)
+        if opts.response_format is not None:     # compiled once, checked here (400)
+            try:
+                options["response_format"] = self.generator.constraint(opts.response_format)
+            except SsdError as exc:
+                raise ApiError(400, str(exc), "response_format") from None
         try:
             pieces = self.engine.prepare(ids, options)      # validates eagerly
         except SsdError as exc:
-            raise ApiError(400, str(exc)) from None
+            raise ApiError(400, str(exc), "response_format" if "response_format" in str(exc)
+                           else None) from None
         ticket = self.engine.enter(pieces)
         rid = new_id("chatcmpl" if chat else "cmpl")
         if stream:

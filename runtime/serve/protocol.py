@@ -26,8 +26,6 @@ UNSUPPORTED_DEFAULTS: dict[str, tuple[Any, ...]] = {
     "n": (None, 1), "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""),
     "tools": (None, []),
     "functions": (None, []), "tool_choice": (None, "none"),
-    # structured outputs are not constrained yet (issue 45): refused, never silently dropped
-    "response_format": (None, {"type": "text"}),
 }
 # How a field must look, for messages that name the field rather than pydantic's union arms.
 FIELD_SHAPES = {
@@ -42,6 +40,7 @@ FIELD_SHAPES = {
     "logit_bias": "an object mapping token ids (as strings) to numbers in [-100, 100]",
     "min_tokens": "an integer >= 0", "ignore_eos": "true or false",
     "stream": "true or false", "model": "a string naming the served model",
+    "response_format": "an object {\"type\": \"text\" | \"json_object\" | \"json_schema\", ...}",
     "prediction": "an object {\"type\": \"content\", \"content\": text or text parts}",
 }
 
@@ -112,6 +111,7 @@ class _Request(BaseModel):
     stream_options: StreamOptions | None = None
     user: str | None = None
     prediction: PredictionContent | None = None   # OpenAI's predicted outputs
+    response_format: dict[str, Any] | None = None  # structured outputs (round/grammar.py)
 
 
 class CompletionRequest(_Request):
@@ -155,13 +155,16 @@ class Sampling:
     penalties: dict[str, Any]                 # penalties, logit_bias, min_new_tokens, ignore_eos
     prediction: str | None = None             # the predicted output's text
     logprobs: int | None = None               # top alternatives per token (None: no logprobs)
+    response_format: dict[str, Any] | None = None
 
     def options(self, k: int) -> dict[str, Any]:
         return dict(max_new_tokens=self.max_tokens, k=k, temperature=self.temperature,
                     top_k=self.top_k, top_p=self.top_p, seed=self.seed, stop=self.stop,
                     **self.penalties, **({"prediction": self.prediction}
                                          if self.prediction is not None else {}),
-                    **({"logprobs": self.logprobs} if self.logprobs is not None else {}))
+                    **({"logprobs": self.logprobs} if self.logprobs is not None else {}),
+                    **({"response_format": self.response_format}
+                       if self.response_format is not None else {}))
 
 
 def parse_request(raw: bytes, kind: type[_Req]) -> _Req:
@@ -230,7 +233,7 @@ def sampling(req: CompletionRequest | ChatCompletionRequest, served_name: str,
     prediction = req.prediction.text if req.prediction is not None else None
     return Sampling(max_tokens, float(temperature), float(top_p), int(top_k), req.seed,
                     stop, penalties, prediction,   # empty stop strings: TextStream ignores them
-                    _logprobs(req))
+                    _logprobs(req), req.response_format)
 
 
 def _logprobs(req: CompletionRequest | ChatCompletionRequest) -> int | None:
