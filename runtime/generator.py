@@ -398,7 +398,7 @@ class Generator:
         if prediction is None:
             return None
         if isinstance(prediction, str):
-            ids = self.codec.encode(prediction) if prediction else []
+            ids = self.codec.tokens(prediction) if prediction else []   # no BOS
         elif isinstance(prediction, Sequence) and all(isinstance(i, int) and
                                                       not isinstance(i, bool)
                                                       for i in prediction):

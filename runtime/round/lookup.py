@@ -24,7 +24,9 @@ PREDICTION_PRIOR = 0.9
 class Prediction:
     """The predicted output's token ids, indexed once: every n-gram (n = 1..max_ngram) to the
     positions after its occurrences. The output is expected to follow the prediction from
-    its start; after a divergence (the target wrote something else) the sequence's last
+    its start, and goes on where it left off while the sequence has followed it since the
+    last anchor; where the round's last token replaced a predicted one, on after that token;
+    after another divergence (the target wrote something else) the sequence's last
     n-gram re-anchors it, at the first occurrence from the last anchor on (an edit moves
     forward through the text it edits), else the nearest before it."""
 
@@ -35,18 +37,30 @@ class Prediction:
             for n in range(1, min(max_ngram, p) + 1):
                 self.index[n].setdefault(tuple(self.ids[p - n:p]), []).append(p)
         self.anchor = 0               # where the last continuation drafted from it started
+        self.anchored_at = prompt_len  # ... and the sequence's length then
 
     def find(self, seq: list[int], limit: int) -> tuple[list[int], int]:
         """Up to `limit` predicted tokens for what follows `seq`, and the n of the n-gram that
-        anchored them (max_ngram at the start of the output: the prediction's own start)."""
-        if len(seq) == self.prompt_len:
-            return self.ids[:limit], self.max_ngram
+        anchored them (max_ngram where the output has followed it: at its start, and on from
+        the last anchor while every token since agrees)."""
+        since = seq[self.anchored_at:]
+        ahead = self.ids[self.anchor:self.anchor + len(since)]
+        if ahead == since:                                  # still on track
+            self.anchor, self.anchored_at = self.anchor + len(since), len(seq)
+            return self.ids[self.anchor:self.anchor + limit], self.max_ngram
+        if len(ahead) == len(since) and ahead[:-1] == since[:-1]:
+            # the last token replaced the predicted one (a rename, a changed number): the
+            # prediction likely goes on after it; a guess, so the weakest class
+            self.anchor, self.anchored_at = self.anchor + len(since), len(seq)
+            if self.anchor < len(self.ids):
+                return self.ids[self.anchor:self.anchor + limit], 1
         for n in range(min(self.max_ngram, len(seq) - self.prompt_len), 0, -1):
             places = self.index[n].get(tuple(seq[len(seq) - n:]))
             if not places:
                 continue
             after = [p for p in places if p >= self.anchor]
             self.anchor = after[0] if after else places[-1]
+            self.anchored_at = len(seq)
             return self.ids[self.anchor:self.anchor + limit], n
         return [], 0
 

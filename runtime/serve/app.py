@@ -74,7 +74,7 @@ class Server:
         """The prediction tokenised once; longer than the context leaves after the prompt, a
         400 naming it (it could never be emitted whole)."""
         try:
-            ids = self.generator.encode(text) if text else []
+            ids = self.generator.codec.tokens(text) if text else []   # no BOS: output text
         except SsdError as exc:
             raise ApiError(400, f"prediction: {exc}", "prediction") from None
         room = self.max_context - prompt_len

@@ -20,17 +20,22 @@ def test_prediction_drafts_from_its_start_and_re_anchors_after_a_divergence():
     prompt = [1, 2]
     pred = Prediction([10, 11, 12, 13, 14, 15, 11, 12, 16], prompt_len=len(prompt))
     assert pred.find(prompt, 3) == ([10, 11, 12], MAX_NGRAM)       # the output's start
-    assert pred.find(prompt + [10, 11], 2) == ([12, 13], 2)         # [10, 11] at 0: then 12
+    assert pred.find(prompt + [10, 11], 2) == ([12, 13], MAX_NGRAM)  # followed it: on from there
     # the target wrote 99 instead of 12 and then 13: re-anchored on [13], forward
     assert pred.find(prompt + [10, 11, 99, 13], 2) == ([14, 15], 1)
     # [11, 12] occurs twice: the first occurrence from the last anchor on (an edit moves
     # forward through the text it edits)
     assert pred.find(prompt + [10, 11, 99, 13, 14, 99, 11, 12], 3) == ([16], 2)
-    assert pred.find(prompt + [7], 3) == ([], 0)                    # never predicted
+    assert Prediction([10, 11], 2).find(prompt + [7, 8], 3) == ([], 0)   # never predicted
+    # a round whose last token replaced a predicted one (an edit of one token): on after it
+    swap = Prediction([10, 11, 12, 13, 14], prompt_len=2)
+    assert swap.find(prompt, 3) == ([10, 11, 12], MAX_NGRAM)
+    assert swap.find(prompt + [10, 11, 99], 3) == ([13, 14], 1)
+    assert swap.find(prompt + [10, 11, 99, 13], 3) == ([14], MAX_NGRAM)
     # beside the sequence's own text: the prediction where its n-gram is at least as long,
     # learnt under its own class (max_ngram + n)
     look = Lookup(prediction=Prediction([5, 6, 7], prompt_len=3))
-    assert look.find([5, 6, 8, 5], 2) == ([6, 7], MAX_NGRAM + 1) and look.source == "prediction"
+    assert look.find([5, 6, 8, 5], 2) == ([6, 7], 2 * MAX_NGRAM) and look.source == "prediction"
     alone = Lookup(prediction=Prediction([5, 6, 7], prompt_len=4), sequence=False)
     assert alone.find([5, 6, 8, 5, 6, 9], 2) == ([], 0)
 
