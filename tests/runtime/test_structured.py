@@ -137,3 +137,24 @@ def test_constrained_rejection_sampling_draws_the_masked_target(gen, k):
         samples.append((ids[0], -1) if ids[0] == eos else (ids[0], ids[1]))
     p = chi_square_p(samples, joint)
     assert p > 1e-3, f"constrained samples do not follow the masked target (p={p:.2g})"
+
+
+def test_ssd_run_takes_a_schema_and_a_prediction(bundle_factory, tmp_path, capsys):
+    from ssd_runtime.cli import main
+
+    bundle = str(bundle_factory("llama", "llama_cut"))
+    schema = tmp_path / "thing.json"
+    schema.write_text(json.dumps(SCHEMA))
+    assert main([bundle, "--prompt", "def f():", "--k", "4", "--json-schema", str(schema),
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    _valid(out["text"])
+    prediction = tmp_path / "expected.txt"
+    prediction.write_text(out["text"])
+    assert main([bundle, "--prompt", "def f():", "--k", "4", "--json-schema", str(schema),
+                 "--prediction", str(prediction), "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["text"] == out["text"] and again["stats"]["prediction_drafted"] > 0
+    schema.write_text('{"type": "nonsense"}')
+    assert main([bundle, "--prompt", "x", "--json-schema", str(schema)]) == 2
+    assert "response_format" in capsys.readouterr().err
