@@ -175,11 +175,12 @@ class Generator:
         # the heads judge draft and target rows of one width: a padded pair decides on the host
         heads = self.heads if fused and draft_vocab == vocab else None
         constraint = self.constraint(response_format)
-        if constraint is not None and (mode == "split" or ignore_eos):
+        if constraint is not None and (mode == "split" or ignore_eos or min_new_tokens):
             raise ConfigError(f"response_format {constraint.name} cannot be used with "
                               + ("mode='split' (its bet thread would move the grammar's "
                                  "matcher while the target's rows are judged)" if mode == "split"
-                                 else "ignore_eos (the grammar ends in EOS)")
+                                 else "ignore_eos or min_new_tokens (the grammar decides where "
+                                      "the output ends: EOS once it is complete)")
                               + ". ---> HINT: leave that setting out.")
         rule = make_rule(params, heads, ids,
                          max(vocab, draft_vocab), self.eos_ids, constraint)

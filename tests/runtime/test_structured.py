@@ -91,6 +91,8 @@ def test_settings_a_grammar_cannot_honour_are_refused(gen):
         gen.generate(PROMPTS[0], max_new_tokens=4, response_format=FORMAT, mode="split")
     with pytest.raises(ConfigError, match="ignore_eos"):
         gen.generate(PROMPTS[0], max_new_tokens=4, response_format=FORMAT, ignore_eos=True)
+    with pytest.raises(ConfigError, match="min_new_tokens"):
+        gen.generate(PROMPTS[0], max_new_tokens=4, response_format=FORMAT, min_new_tokens=3)
 
 
 INTEGER = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer"}}}
