@@ -35,7 +35,6 @@ from . import cache
 from .errors import ConfigError
 from .request import GenerationResult, Request
 from .round.drafting import Drafter, Schedule
-from .round.lookup import Lookup
 from .round.loop import Loop, Row, Stats
 from .scheduler.batch_cost import BatchCost, LiveCost, best_k, measure
 from .scheduler.learning import Acceptance
@@ -195,10 +194,11 @@ class Batch:
             slot = self.slots.index(None)
             req = seq.req
             schedule = self.gen.schedule(req, own=True)
-            lookup = Lookup() if req.source != "model" else None
+            lookup = req.lookup()
             seq.row = Row(list(req.ids), req.rule, schedule,
                           Drafter(self.draft, req.rule, schedule, self._vocab, lookup, slot),
-                          seq.stats, req.eos_ids, req.max_new_tokens, len(req.ids))
+                          seq.stats, req.eos_ids, req.max_new_tokens, len(req.ids),
+                          logprobs=req.logprobs)
             self.slots[slot] = seq
 
     def _prefill(self) -> None:
@@ -354,7 +354,8 @@ class Batch:
                                  - st.seconds["verify"])
         if st.drafted and seq.req.k == "auto":        # what the next sequences start from
             self.gen._learnt[seq.req.kind] = seq.row.schedule.learnt.carried()
-        return GenerationResult(seq.text.ids, seq.text.text, reason, st), tail
+        return GenerationResult(seq.text.ids, seq.text.text, reason, st,
+                                logprobs=seq.req.kept(seq.text.ids)), tail
 
     def _take_done(self) -> list[Event]:
         done, self._done = self._done, []

@@ -7,8 +7,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
-from .errors import cli_main
+from .errors import ConfigError, cli_main
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,6 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "the CPU threads and the k=auto calibration (docs/runtime.md)")
     p.add_argument("--stats", action="store_true", help="print speed and acceptance to stderr")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--json-schema", metavar="FILE", default=None,
+                   help="constrain the output to this JSON schema (response_format json_schema)")
+    p.add_argument("--json-object", action="store_true",
+                   help="constrain the output to a JSON object (response_format json_object)")
+    p.add_argument("--prediction", metavar="FILE", default=None,
+                   help="the text the output is expected to be (predicted outputs): drafted "
+                        "where it pays; the output is unchanged")
     return p
 
 
@@ -67,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
                    presence_penalty=args.presence_penalty,
                    frequency_penalty=args.frequency_penalty,
                    min_new_tokens=args.min_new_tokens, ignore_eos=args.ignore_eos,
-                   draft_source=args.draft_source)
+                   draft_source=args.draft_source, response_format=_response_format(args),
+                   prediction=_read(args.prediction, "--prediction") if args.prediction
+                   else None)
     if args.json:
         res = gen.generate(args.prompt, **options)
         print(json.dumps({"text": res.text, "token_ids": res.token_ids,
@@ -82,6 +92,28 @@ def main(argv: list[str] | None = None) -> int:
         print(format_stats(gen.last_result.stats), file=sys.stderr)
         print(f"threads target:draft {format_placement(gen.placement)}", file=sys.stderr)
     return 0
+
+
+def _response_format(args: argparse.Namespace) -> dict | None:
+    if args.json_schema and args.json_object:
+        raise ConfigError("--json-schema and --json-object exclude each other; give one.")
+    if args.json_object:
+        return {"type": "json_object"}
+    if not args.json_schema:
+        return None
+    try:
+        schema = json.loads(_read(args.json_schema, "--json-schema"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--json-schema {args.json_schema}: not JSON ({exc}).") from None
+    return {"type": "json_schema", "json_schema": {"name": Path(args.json_schema).stem,
+                                                   "schema": schema, "strict": True}}
+
+
+def _read(path: str, option: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"{option} {path}: cannot be read ({exc.strerror}).") from None
 
 
 def k_option(text: str) -> int | str:

@@ -20,8 +20,10 @@ from .request import GenerationResult, Mode, Request
 from .round.acceptance import GreedyAcceptance, InvariantSampling, SamplingAcceptance
 from .round.drafting import Drafter, SplitDrafter
 from .round.heads import FusedGreedyAcceptance, FusedSamplingAcceptance, HeadSessions
-from .round.lookup import DRAFT_SOURCES, Lookup
+from .round.logprobs import MAX_TOP, Logprobs
+from .round.lookup import DRAFT_SOURCES, PREDICTION_PRIOR
 from .round.loop import Stats, decode
+from .round.grammar import Constraint, tokenizer_for
 from .round.processors import Processors
 from .round.rules import Rule
 from .round.sampling import SamplingParams
@@ -57,6 +59,7 @@ class Generator:
             if fused_heads else None
         self.eos_ids = set(manifest.tokenizer.eos_token_ids)
         self.last_result: GenerationResult | None = None
+        self._grammar_tokenizer: Any = None          # llguidance's, for response_format
         self._cost: CostModel | None = None
         self._learnt: dict[str, Acceptance] = {}     # k="auto": what earlier calls saw
         self._times: dict[str, RoundTimes] = {}      # ... and how long their rounds took, by mode
@@ -114,7 +117,10 @@ class Generator:
                 presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                 logit_bias: dict[int, float] | None = None, min_new_tokens: int = 0,
                 ignore_eos: bool = False, coupling: str = "auto", fused: bool = True,
-                draft_source: str = "fused") -> Request:
+                draft_source: str = "fused",
+                prediction: str | Sequence[int] | None = None,
+                logprobs: int | Logprobs | None = None,
+                response_format: dict[str, Any] | Constraint | None = None) -> Request:
         """One sequence's settings, checked (ConfigError), with its acceptance rule: what
         stream() decodes, and what a batch (batch.py) takes per sequence.
 
@@ -126,7 +132,24 @@ class Generator:
         decides on the host even where the bundle's heads could (batches do).
         `draft_source` (docs/design.md §6.1): "fused" drafts continuations found earlier in
         the sequence (lookup) where they pay and the draft model elsewhere, "model" the
-        draft model alone, "lookup" lookup alone."""
+        draft model alone, "lookup" lookup alone. `prediction` (text or ids; OpenAI's
+        predicted outputs): the output the caller expects, offered to drafting as a lookup
+        source whatever `draft_source` (the schedule still takes it only where it pays); the
+        output stays the target's, and stats count its tokens drafted and accepted.
+        `logprobs` (0..20): the result carries the target's log-probability of each token
+        and of that many likeliest alternatives (round/logprobs.py); a `Logprobs` given
+        instead collects them as the sequence decodes (the server streams them from it).
+        `response_format` (OpenAI's: {"type": "text" | "json_object" | "json_schema",
+        "json_schema": {"name", "schema", "strict"}}, or a `constraint()`): the output follows
+        the grammar, masked on the draft's proposals and the target's verification alike
+        (round/grammar.py), so it is the constrained target alone's."""
+        top = logprobs.top if isinstance(logprobs, Logprobs) else logprobs
+        if top is not None and (not isinstance(top, int) or isinstance(top, bool)
+                                or not 0 <= top <= MAX_TOP):
+            raise ConfigError(f"logprobs={top!r} must be an integer in [0, {MAX_TOP}] "
+                              f"(alternatives per token), or None.")
+        if isinstance(top, int) and not isinstance(logprobs, Logprobs):
+            logprobs = Logprobs(top)
         if logit_bias is not None and not isinstance(logit_bias, dict):
             raise ConfigError(f"logit_bias must be a dict {{token id: bias}}, not "
                               f"{type(logit_bias).__name__}.")
@@ -152,13 +175,21 @@ class Generator:
         draft_vocab = self.manifest.draft.vocab_size
         # the heads judge draft and target rows of one width: a padded pair decides on the host
         heads = self.heads if fused and draft_vocab == vocab else None
+        constraint = self.constraint(response_format)
+        if constraint is not None and (mode == "split" or ignore_eos or min_new_tokens):
+            raise ConfigError(f"response_format {constraint.name} cannot be used with "
+                              + ("mode='split' (its bet thread would move the grammar's "
+                                 "matcher while the target's rows are judged)" if mode == "split"
+                                 else "ignore_eos or min_new_tokens (the grammar decides where "
+                                      "the output ends: EOS once it is complete)")
+                              + ". ---> HINT: leave that setting out.")
         rule = make_rule(params, heads, ids,
-                         max(vocab, draft_vocab), self.eos_ids)
+                         max(vocab, draft_vocab), self.eos_ids, constraint)
         eos = set() if ignore_eos else self.eos_ids
         # acceptance is learnt per kind of rule: the invariant one accepts a little less
         kind = "greedy" if params.greedy else "invariant" if params.invariant else "sampled"
         return Request(ids, rule, eos, max_new_tokens, k, list(stop or []), mode, kind,
-                       draft_source)
+                       draft_source, self._prediction_ids(prediction, len(ids)), logprobs)
 
     def batch(self, k: int | Literal["auto"] = "auto", slots: int | None = None) -> Batch:
         """A batch over `slots` (default: all max_batch) of this generator's slots (batch.py):
@@ -244,13 +275,13 @@ class Generator:
         stats = Stats(backend=self.backend, k=k, prompt_tokens=len(ids), mode=mode,
                       threads=f"{self.target.threads}:{self.draft.threads}")
         text = TextStream(self.codec, req.stop, pieces)
-        lookup = Lookup() if req.source != "model" else None
+        lookup = req.lookup()
         schedule = self.schedule(req)
         drafter = DRAFTERS[mode](self.draft, rule, schedule,
                                  (self.manifest.target.vocab_size, self.manifest.draft.vocab_size),
                                  lookup)
         rounds = decode(self.target, drafter, rule, ids, req.max_new_tokens, schedule, eos_ids,
-                        stats)
+                        stats, req.logprobs)
         try:
             for new in rounds:
                 if piece := text.push(new):
@@ -263,7 +294,8 @@ class Generator:
             yield tail
         if text.stopped:
             stats.stop_reason = "stop"
-        self.last_result = GenerationResult(text.ids, text.text, stats.stop_reason, stats)
+        self.last_result = GenerationResult(text.ids, text.text, stats.stop_reason, stats,
+                                            logprobs=req.kept(text.ids))
 
     def schedule(self, req: Request, own: bool = False) -> AdaptiveK | FixedK:
         """A sequence's schedule. A fixed k learns afresh each call: its drafts (and so a
@@ -272,14 +304,18 @@ class Generator:
         kind (greedy, sampled, invariant) and source, round times per mode; `own` (a batch's
         sequences, several at once) learns on a copy, which the batch keeps when the sequence
         ends."""
+        # a prediction's worth is its own request's: it starts from the client's claim that
+        # the output follows it, and is learnt as its tokens are judged
+        predicted = Acceptance.starting_at(PREDICTION_PRIOR) if req.prediction is not None \
+            else None
         if req.k != "auto":
-            return FixedK(req.k, req.source != "lookup", self.prior(), Acceptance())
+            return FixedK(req.k, req.source != "lookup", self.prior(), predicted or Acceptance())
         cost, max_draft, kind = self.cost_model(), self.manifest.max_draft, req.kind
         if req.mode not in self._times:
             self._times[req.mode] = RoundTimes.from_cost(cost, max_draft)
         learnt = self.learnt(kind).carried() if own else self.learnt(kind)
-        lookup = None
-        if req.source != "model":
+        lookup = predicted
+        if lookup is None and req.source != "model":
             lookup = Acceptance() if own else \
                 self._learnt.setdefault(f"{kind}/lookup", Acceptance())
         return AdaptiveK(cost, max_draft, learnt, self._times[req.mode], lookup=lookup,
@@ -344,6 +380,45 @@ class Generator:
             raise ConfigError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab}).")
         return ids
 
+    def constraint(self, response_format: dict[str, Any] | Constraint | None
+                   ) -> Constraint | None:
+        """OpenAI's response_format compiled for this bundle's tokenizer (None: text, or none);
+        ConfigError naming response_format for what cannot be honoured."""
+        if response_format is None or isinstance(response_format, Constraint):
+            return response_format
+        vocab = self.manifest.target.vocab_size
+        if self._grammar_tokenizer is None:        # built once (llguidance: ~ms to ~1 s)
+            self._grammar_tokenizer = tokenizer_for(self.codec.tokenizer.to_str(), vocab,
+                                                    sorted(self.eos_ids))
+        return Constraint.compile(response_format, self._grammar_tokenizer, vocab)
+
+    def _prediction_ids(self, prediction: str | Sequence[int] | None,
+                        prompt_len: int) -> list[int] | None:
+        """The prediction tokenised once (text), or checked (ids); None when there is none.
+        Longer than the context leaves after the prompt, it could never be emitted whole: a
+        ConfigError naming it."""
+        if prediction is None:
+            return None
+        if isinstance(prediction, str):
+            ids = self.codec.tokens(prediction) if prediction else []   # no BOS
+        elif isinstance(prediction, Sequence) and all(isinstance(i, int) and
+                                                      not isinstance(i, bool)
+                                                      for i in prediction):
+            ids = list(prediction)
+        else:
+            raise ConfigError("prediction must be a string or a list of token ids (ints).")
+        vocab, room = self.manifest.target.vocab_size, self.manifest.max_context - prompt_len
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise ConfigError(f"prediction: token id {bad[0]} is outside the vocabulary "
+                              f"[0, {vocab}).")
+        if len(ids) > room:
+            raise ConfigError(f"prediction has {len(ids)} tokens, more than the {room} the "
+                              f"context ({self.manifest.max_context}) leaves after the prompt's "
+                              f"{prompt_len}. ---> HINT: predict only the part of the output "
+                              f"you expect, or shorten the prompt.")
+        return ids or None
+
     def _check(self, k: int, max_new_tokens: int, stop: Sequence[str] | None) -> None:
         if k == "auto":
             pass
@@ -362,13 +437,16 @@ class Generator:
 
 
 def make_rule(params: SamplingParams, heads: HeadSessions | None = None,
-              prompt: list[int] = (), vocab: int = 0, eos_ids: set[int] = frozenset()) -> Rule:
+              prompt: list[int] = (), vocab: int = 0, eos_ids: set[int] = frozenset(),
+              constraint: Constraint | None = None) -> Rule:
     """The host rule, or the same rule on the bundle's ONNX heads when `heads` is given (the
     heads have no logits processors and no invariant coupling: with penalties, a bias, a
-    minimum length or a seeded invariant run the host decides)."""
-    if heads is None or params.processed or params.invariant:
-        processors = Processors(params, list(prompt), vocab, eos_ids) if params.processed \
-            else None
+    minimum length, a response_format or a seeded invariant run the host decides)."""
+    if heads is None or params.processed or params.invariant or constraint is not None:
+        processors = Processors(params, list(prompt), vocab, eos_ids) \
+            if params.processed or constraint is not None else None
+        if constraint is not None:
+            processors.matcher = constraint.matcher()
         if params.greedy:
             return GreedyAcceptance(processors)
         if params.invariant:

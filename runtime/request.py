@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from .round.lookup import Lookup, Prediction
+from .round.logprobs import Logprobs, TokenLogprob
 from .round.loop import Stats
 from .round.rules import Rule
 
@@ -20,6 +22,7 @@ class GenerationResult:
     stop_reason: str          # "eos" | "length" | "context" | "stop" | "error" (batches only)
     stats: Stats
     error: str | None = None  # generate_batch: why this prompt was refused (the others ran)
+    logprobs: list[TokenLogprob] | None = None   # the target's, one per token id, when asked
 
 
 @dataclass
@@ -35,3 +38,18 @@ class Request:
     mode: Mode
     kind: str                 # "greedy" | "sampled" | "invariant": what acceptance is learnt for
     source: str = "fused"     # lookup.DRAFT_SOURCES: who drafts
+    prediction: list[int] | None = None   # the predicted output's ids (OpenAI's `prediction`)
+    logprobs: Logprobs | None = None      # collects the target's log-probabilities, if asked
+
+    def kept(self, token_ids: list[int]) -> list[TokenLogprob] | None:
+        """The log-probabilities of the tokens the result keeps (a stop string trims them)."""
+        return None if self.logprobs is None else self.logprobs.tokens[:len(token_ids)]
+
+    def lookup(self) -> Lookup | None:
+        """Its lookup source (docs/design.md §6.1): the sequence's own earlier text unless the
+        draft model drafts alone, and the prediction whenever there is one."""
+        if self.source == "model" and self.prediction is None:
+            return None
+        prediction = None if self.prediction is None else \
+            Prediction(self.prediction, len(self.ids))
+        return Lookup(prediction=prediction, sequence=self.source != "model")

@@ -63,6 +63,7 @@ class Drafter:
         self.draft_len = 0                     # rows of valid keys/values in that slot
         self.hits = self.bets = self.draft_calls = 0
         self.from_lookup = 0                   # this round's leading drafts found by lookup
+        self.from_prediction = 0               # ... of which the request's prediction's
         self.synced = True                     # the draft has seen every draft but the last
         target_vocab, draft_vocab = vocab or (0, 0)
         self.cut = target_vocab if draft_vocab > target_vocab else None   # draft rows to keep
@@ -83,13 +84,16 @@ class Drafter:
         to k in all): a lookup continuation where the schedule takes it (its draft
         probabilities None: point masses, acceptance.py), extended by the model where the
         schedule says that pays; else none, and the schedule's cap on model tokens."""
-        self.from_lookup, self.synced = 0, True
+        self.from_lookup = self.from_prediction = 0
+        self.synced = True
         schedule = self.schedule
         if self.lookup is not None and k > 0:
             found, matched = self.lookup.find(seq, k)
             taken = schedule.take_lookup(matched, len(found), k) if found else 0
             if taken:
                 self.from_lookup = taken
+                if self.lookup.source == "prediction":
+                    self.from_prediction = taken
                 if not schedule.extend_lookup(taken, k):
                     self.synced = False            # the draft has not seen these
                     return found[:taken], [None] * taken, 0
@@ -122,7 +126,8 @@ class SplitDrafter(Drafter):
             return super().start(seq, k)
         tokens, probs, seen = self.ready        # drafted during the last verification
         self.ready = None
-        self.from_lookup, self.synced = 0, True
+        self.from_lookup = self.from_prediction = 0
+        self.synced = True
         # the schedule judges a hit's tokens as it judges drafted ones, in order: it learns
         # their confidence (its bins saw only misses' and sequential rounds' tokens) and its
         # stopping rule may end the round early (k = 0 drops a stale bet)

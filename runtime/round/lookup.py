@@ -6,26 +6,95 @@ followed them then are a draft that costs no draft step ("prompt lookup decoding
 Face's `prompt_lookup_num_tokens`, vLLM's and TensorRT-LLM's n-gram drafters). The longest
 n-gram (up to MAX_NGRAM) wins, and of its occurrences the latest. What such a token is
 worth (its acceptance, by n) is learnt online by the schedule (schedule.AdaptiveK).
+
+A client's predicted output (OpenAI's `prediction`: the file about to be edited, a template)
+is a second source (`Prediction`): the output is expected to follow it, so its continuation
+after the sequence's last n-gram, matched in the prediction, is drafted the same way. Its
+worth is learnt apart from the sequence's own (class MAX_NGRAM + n instead of n).
 """
 from __future__ import annotations
 
 MAX_NGRAM = 3                 # longest suffix matched; 1: a single token
 DRAFT_SOURCES = ("fused", "model", "lookup")   # who drafts: both, the draft model, lookup
+# What a prediction's tokens are taken to be worth before any is judged (the client claims the
+# output follows it); the schedule learns their real worth from there.
+PREDICTION_PRIOR = 0.9
+
+
+class Prediction:
+    """The predicted output's token ids, indexed once: every n-gram (n = 1..max_ngram) to the
+    positions after its occurrences. The output is expected to follow the prediction from
+    its start, and goes on where it left off while the sequence has followed it since the
+    last anchor; where the round's last token replaced a predicted one, on after that token;
+    after another divergence (the target wrote something else) the sequence's last
+    n-gram re-anchors it, at the first occurrence from the last anchor on (an edit moves
+    forward through the text it edits), else the nearest before it."""
+
+    def __init__(self, ids: list[int], prompt_len: int, max_ngram: int = MAX_NGRAM) -> None:
+        self.ids, self.prompt_len, self.max_ngram = list(ids), prompt_len, max_ngram
+        self.index: list[dict[tuple[int, ...], list[int]]] = [{} for _ in range(max_ngram + 1)]
+        for p in range(1, len(self.ids)):
+            for n in range(1, min(max_ngram, p) + 1):
+                self.index[n].setdefault(tuple(self.ids[p - n:p]), []).append(p)
+        self.anchor = 0               # where the last continuation drafted from it started
+        self.anchored_at = prompt_len  # ... and the sequence's length then
+
+    def find(self, seq: list[int], limit: int) -> tuple[list[int], int]:
+        """Up to `limit` predicted tokens for what follows `seq`, and the n of the n-gram that
+        anchored them (max_ngram where the output has followed it: at its start, and on from
+        the last anchor while every token since agrees)."""
+        since = seq[self.anchored_at:]
+        ahead = self.ids[self.anchor:self.anchor + len(since)]
+        if ahead == since:                                  # still on track
+            self.anchor, self.anchored_at = self.anchor + len(since), len(seq)
+            return self.ids[self.anchor:self.anchor + limit], self.max_ngram
+        if len(ahead) == len(since) and ahead[:-1] == since[:-1]:
+            # the last token replaced the predicted one (a rename, a changed number): the
+            # prediction likely goes on after it; a guess, so the weakest class
+            self.anchor, self.anchored_at = self.anchor + len(since), len(seq)
+            if self.anchor < len(self.ids):
+                return self.ids[self.anchor:self.anchor + limit], 1
+        for n in range(min(self.max_ngram, len(seq) - self.prompt_len), 0, -1):
+            places = self.index[n].get(tuple(seq[len(seq) - n:]))
+            if not places:
+                continue
+            after = [p for p in places if p >= self.anchor]
+            self.anchor = after[0] if after else places[-1]
+            self.anchored_at = len(seq)
+            return self.ids[self.anchor:self.anchor + limit], n
+        return [], 0
 
 
 class Lookup:
     """An index of every n-gram (n = 1..MAX_NGRAM) of one sequence to the position after its
     latest occurrence, kept up to date as the sequence grows (a dict update per new token
-    and n: ~2 µs a token)."""
+    and n: ~2 µs a token). With a `prediction`, the prediction's continuation is offered
+    where its n-gram is at least as long as the sequence's own (`source` says whose the last
+    find was); `sequence=False` looks in the prediction alone."""
 
-    def __init__(self, max_ngram: int = MAX_NGRAM) -> None:
-        self.max_ngram = max_ngram
+    def __init__(self, max_ngram: int = MAX_NGRAM, prediction: Prediction | None = None,
+                 sequence: bool = True) -> None:
+        assert 2 * max_ngram < 10, "the learnt classes of both sources fit Acceptance's bins"
+        self.max_ngram, self.prediction, self.sequence = max_ngram, prediction, sequence
         self.index: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_ngram + 1)]
         self.indexed = 1              # positions below this have their n-grams indexed
+        self.source = "sequence"      # whose continuation the last find returned
 
     def find(self, seq: list[int], limit: int) -> tuple[list[int], int]:
-        """Up to `limit` tokens that followed the latest earlier occurrence of the longest
-        suffix of `seq` seen before, and that suffix's length n (0: none found)."""
+        """Up to `limit` tokens that follow `seq` by lookup, and the class the schedule learns
+        their worth by: the sequence's own continuation of the longest suffix seen before
+        (class n, its length; 0: none found), or the prediction's (class max_ngram + n) where
+        its n-gram is at least as long."""
+        own, n = self._own(seq, limit) if self.sequence else ([], 0)
+        self.source = "sequence"
+        if self.prediction is not None and limit > 0:
+            predicted, m = self.prediction.find(seq, limit)
+            if predicted and m >= n:
+                self.source = "prediction"
+                return predicted, self.max_ngram + m
+        return own, n
+
+    def _own(self, seq: list[int], limit: int) -> tuple[list[int], int]:
         end = len(seq)
         for i in range(self.indexed, end):        # n-grams ending before i, continued by seq[i]
             for n in range(1, min(self.max_ngram, i) + 1):

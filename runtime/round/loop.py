@@ -21,6 +21,7 @@ import numpy as np
 
 from ..backends.base import ModelSession
 from .drafting import Drafter, Schedule, call
+from .logprobs import Logprobs
 from .rules import Rule
 
 
@@ -37,6 +38,8 @@ class Stats:
     accepted: int = 0
     lookup_drafted: int = 0       # of drafted, the tokens found by lookup (docs/design.md §6.1)
     lookup_accepted: int = 0      # ... and of accepted
+    prediction_drafted: int = 0   # of lookup_drafted, the request's prediction's (OpenAI's
+    prediction_accepted: int = 0  # accepted/rejected_prediction_tokens: judged by the target)
     split_bets: int = 0           # split mode: rounds whose next round was drafted ahead
     split_hits: int = 0           # ... and whose bet was right
     mode: str = "sequential"
@@ -99,6 +102,7 @@ class Row:
     probs: list = field(default_factory=list)            # probabilities (None: lookup)
     left: int = 0                 # model tokens it may still draft this round
     feed: list[int] = field(default_factory=list)       # what its next draft step takes
+    logprobs: Logprobs | None = None                     # the target's, when asked for
 
     @property
     def slot(self) -> int:
@@ -162,6 +166,8 @@ class Loop:
                 new = new[:ended + 1]
             row.seq += new
             row.rule.commit(new)
+            if row.logprobs is not None:         # row i of the verification emitted new[i]
+                row.logprobs.add(rows_logits, new)
             st = row.stats
             st.rounds += 1
             st.target_calls += 1
@@ -170,6 +176,9 @@ class Loop:
             if taken := row.drafter.from_lookup:
                 st.lookup_drafted += taken
                 st.lookup_accepted += min(j, taken)
+            if taken := row.drafter.from_prediction:
+                st.prediction_drafted += taken
+                st.prediction_accepted += min(j, taken)
             st.seconds["draft"] += t1 - t0
             st.seconds["verify"] += t2 - t1
             st.new_tokens = row.produced
@@ -296,13 +305,13 @@ class Loop:
 
 def decode(target: ModelSession, drafter: Drafter, rule: Rule, prompt: list[int],
            max_new_tokens: int, schedule: Schedule, eos_ids: set[int],
-           stats: Stats) -> Iterator[list[int]]:
+           stats: Stats, logprobs: Logprobs | None = None) -> Iterator[list[int]]:
     """One sequence, a batch of one through `Loop.round`: yield the tokens of each round until
     EOS, max_new_tokens or the context end. A consumer may stop early (close the generator);
-    the stats stay consistent."""
+    the stats stay consistent. `logprobs` collects the target's (logprobs.py)."""
     start = perf_counter()
     row = Row(list(prompt), rule, schedule, drafter, stats, eos_ids, max_new_tokens,
-              len(prompt))
+              len(prompt), logprobs=logprobs)
     call(target.prefill, np.asarray(row.seq[:-1], np.int64), 0, row.slot)
     row.target_len = len(row.seq) - 1
     if schedule.uses_draft:

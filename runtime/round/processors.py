@@ -3,15 +3,20 @@
 In Hugging Face's order: logit bias (OpenAI's `logit_bias`), the repetition penalty
 (Hugging Face's: every token of the prompt and output), presence and frequency penalties
 (OpenAI's: the output only), then the minimum length (EOS impossible before
-`min_new_tokens`). Speculation stays exact because every row of a verification is
+`min_new_tokens`), then a `response_format`'s grammar mask (grammar.py). Speculation stays exact because every row of a verification is
 processed as if the draft tokens before it had been emitted: the sequence the target
 alone would have seen at that position.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from .sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from .grammar import Matcher
 
 
 class Processors:
@@ -32,11 +37,14 @@ class Processors:
             self.bias = np.zeros(vocab, np.float32)
             self.bias[list(ids)] = values
         self.min_new, self.eos = params.min_new_tokens, sorted(eos_ids)
+        self.matcher: Matcher | None = None   # a response_format's grammar (grammar.py), last
 
     def commit(self, tokens: list[int]) -> None:
         self.seen[tokens] = True
         np.add.at(self.counts, tokens, 1)
         self.emitted += len(tokens)
+        if self.matcher is not None:
+            self.matcher.commit(tokens)
 
     def apply(self, row: np.ndarray, pending: list[int] = ()) -> np.ndarray:
         """Processed copy (vocab,) of one row of logits, in its own dtype (as Hugging Face)."""
@@ -58,4 +66,8 @@ class Processors:
             scores -= (self.frequency * counts + self.presence * (counts > 0)).astype(scores.dtype)
         if self.emitted + len(pending) < self.min_new:
             scores[[t for t in self.eos if t < n]] = -np.inf
+        if self.matcher is not None:          # ids the grammar does not allow next: never
+            allowed = self.matcher.allowed(n, list(pending))
+            if allowed is not None:
+                scores[~allowed] = -np.inf
         return scores

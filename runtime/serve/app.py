@@ -22,6 +22,8 @@ from .chat import ChatTemplate
 from .config import ServeConfig, resolve_k
 from .batching import BatchEngine, choose_slots
 from .engine import ClientGone, Engine, Ticket
+from ..round.logprobs import Logprobs, TokenLogprob
+from .logprobs import TokenNames, chat_logprobs, completion_logprobs
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import (ApiError, ChatCompletionRequest, CompletionRequest, Sampling, chunk_body,
                        completion_body, error_body, new_id, parse_request, sampling, single_prompt,
@@ -50,6 +52,7 @@ class Server:
             BatchEngine(generator, self.k, config.max_queue, self.metrics, self.max_batch) \
             if self.max_batch > 1 else Engine(generator, config.max_queue, self.metrics)
         self.chat = ChatTemplate(generator)
+        self.names = TokenNames(generator.codec)
         self.created = int(time.time())
 
     def sampling(self, req: CompletionRequest | ChatCompletionRequest, default: int) -> Sampling:
@@ -67,20 +70,54 @@ class Server:
                            param, "context_length_exceeded")
         return ids
 
+    def prediction_ids(self, text: str, prompt_len: int) -> list[int]:
+        """The prediction tokenised once; longer than the context leaves after the prompt, a
+        400 naming it (it could never be emitted whole)."""
+        try:
+            ids = self.generator.codec.tokens(text) if text else []   # no BOS: output text
+        except SsdError as exc:
+            raise ApiError(400, f"prediction: {exc}", "prediction") from None
+        room = self.max_context - prompt_len
+        if len(ids) > room:
+            raise ApiError(400, f"prediction has {len(ids)} tokens, more than the {room} this "
+                                f"model's context of {self.max_context} tokens leaves after the "
+                                f"prompt's {prompt_len}. ---> HINT: predict only the part of the "
+                                f"output you expect, or shorten the prompt.",
+                           "prediction", "context_length_exceeded")
+        return ids
+
     async def respond(self, request: Request, ids: list[int], opts: Sampling, stream: bool,
                       include_usage: bool, chat: bool) -> Response:
         """Validate, take a place in the queue (or 429), then answer as JSON or as SSE."""
+        options = {**opts.options(self.k), "draft_source": self.config.draft_source}
+        if opts.prediction is not None:
+            options["prediction"] = self.prediction_ids(opts.prediction, len(ids))
+        collected = None
+        if opts.logprobs is not None:        # filled by the rounds, read as pieces go out
+            collected = options["logprobs"] = Logprobs(opts.logprobs)
+        if opts.response_format is not None:     # compiled once, checked here (400)
+            try:
+                options["response_format"] = self.generator.constraint(opts.response_format)
+            except SsdError as exc:
+                raise ApiError(400, str(exc), "response_format") from None
         try:
-            pieces = self.engine.prepare(ids, {**opts.options(self.k),   # validates eagerly
-                                               "draft_source": self.config.draft_source})
+            pieces = self.engine.prepare(ids, options)      # validates eagerly
         except SsdError as exc:
-            raise ApiError(400, str(exc)) from None
+            raise ApiError(400, str(exc), "response_format" if "response_format" in str(exc)
+                           else None) from None
         ticket = self.engine.enter(pieces)
         rid = new_id("chatcmpl" if chat else "cmpl")
         if stream:
-            events = self._events(request, ticket, pieces, rid, chat, include_usage)
+            events = self._events(request, ticket, pieces, rid, chat, include_usage, collected)
             return _EventStream(events, on_close=lambda: self.engine.finish(ticket, pieces))
         return await self._complete(request, ticket, pieces, rid, chat)
+
+    def logprobs_body(self, tokens: list[TokenLogprob] | None, chat: bool,
+                      offset: int = 0) -> dict[str, Any] | None:
+        if tokens is None:
+            return None
+        return chat_logprobs(tokens, self.names) if chat else \
+            completion_logprobs(tokens, self.names, offset)
 
     async def _complete(self, request: Request, ticket: Ticket, pieces: Iterator[str], rid: str,
                         chat: bool) -> Response:
@@ -94,21 +131,36 @@ class Server:
             return Response(status_code=CLIENT_GONE)
         finally:
             self.engine.finish(ticket, pieces)
-        assert ticket.result is not None
-        return JSONResponse(completion_body(rid, self.model, ticket.result, self.replica, chat))
+        result = ticket.result
+        assert result is not None
+        return JSONResponse(completion_body(rid, self.model, result, self.replica, chat,
+                                            self.logprobs_body(result.logprobs, chat)))
 
     async def _events(self, request: Request, ticket: Ticket, pieces: Iterator[str], rid: str,
-                      chat: bool, include_usage: bool) -> AsyncIterator[bytes]:
-        """The SSE body: role chunk (chat), one chunk per piece, finish chunk, [DONE]."""
-        done = False
+                      chat: bool, include_usage: bool,
+                      collected: Logprobs | None = None) -> AsyncIterator[bytes]:
+        """The SSE body: role chunk (chat), one chunk per piece, finish chunk, [DONE]. With
+        logprobs, a piece's chunk carries those of the tokens decoded since the last chunk
+        (the rounds add them as they emit), the finish chunk the rest the result keeps."""
+        done, sent, offset = False, 0, 0
         try:
             if chat:
                 yield sse(chunk_body(rid, self.model, chat, role=True))
             async with aclosing(self.engine.run(ticket, pieces)) as run:
                 async for piece in run:
-                    yield sse(chunk_body(rid, self.model, chat, text=piece))
+                    logprobs = None
+                    if collected is not None:
+                        new = collected.tokens[sent:]
+                        sent += len(new)
+                        logprobs = self.logprobs_body(new, chat, offset)
+                        if not chat and new:         # offsets run on over the tokens' texts
+                            offset = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
+                    yield sse(chunk_body(rid, self.model, chat, text=piece, logprobs=logprobs))
             result = ticket.result
-            yield sse(chunk_body(rid, self.model, chat, result=result, replica=self.replica))
+            rest = None if collected is None else \
+                self.logprobs_body(collected.tokens[sent:len(result.token_ids)], chat, offset)
+            yield sse(chunk_body(rid, self.model, chat, result=result, replica=self.replica,
+                                 logprobs=rest))
             if include_usage:
                 yield sse(usage_chunk(rid, self.model, chat, result))
             yield sse("[DONE]")

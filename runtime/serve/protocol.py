@@ -20,10 +20,11 @@ if TYPE_CHECKING:
 
 FINISH_REASON = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
 MAX_STOPS = 4                                 # as the OpenAI API
+MAX_COMPLETION_LOGPROBS, MAX_CHAT_LOGPROBS = 5, 20   # as the OpenAI API
 # Fields the OpenAI API has and this server does not implement: allowed only at these values.
 UNSUPPORTED_DEFAULTS: dict[str, tuple[Any, ...]] = {
     "n": (None, 1), "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""),
-    "logprobs": (None, False), "top_logprobs": (None, 0), "tools": (None, []),
+    "tools": (None, []),
     "functions": (None, []), "tool_choice": (None, "none"),
 }
 # How a field must look, for messages that name the field rather than pydantic's union arms.
@@ -39,6 +40,8 @@ FIELD_SHAPES = {
     "logit_bias": "an object mapping token ids (as strings) to numbers in [-100, 100]",
     "min_tokens": "an integer >= 0", "ignore_eos": "true or false",
     "stream": "true or false", "model": "a string naming the served model",
+    "response_format": "an object {\"type\": \"text\" | \"json_object\" | \"json_schema\", ...}",
+    "prediction": "an object {\"type\": \"content\", \"content\": text or text parts}",
 }
 
 
@@ -67,6 +70,27 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class TextPart(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    type: Literal["text"]
+    text: str
+
+
+class PredictionContent(BaseModel):
+    """OpenAI's predicted output: {"type": "content", "content": text or text parts}."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    type: Literal["content"]
+    content: str | list[TextPart]
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else \
+            "".join(part.text for part in self.content)
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
 
@@ -86,17 +110,13 @@ class _Request(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    prediction: PredictionContent | None = None   # OpenAI's predicted outputs
+    response_format: dict[str, Any] | None = None  # structured outputs (round/grammar.py)
 
 
 class CompletionRequest(_Request):
     prompt: str | list[int] | list[str] | list[list[int]]
-
-
-class TextPart(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-
-    type: Literal["text"]
-    text: str
+    logprobs: int | None = None               # the N likeliest per token (0..5), as OpenAI
 
 
 class ChatMessage(BaseModel):
@@ -115,6 +135,8 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None  # the newer name of max_tokens
+    logprobs: bool | None = None
+    top_logprobs: int | None = None           # 0..20, with logprobs: true
 
 
 _Req = TypeVar("_Req", bound=_Request)
@@ -131,11 +153,18 @@ class Sampling:
     seed: int | None
     stop: list[str] | None
     penalties: dict[str, Any]                 # penalties, logit_bias, min_new_tokens, ignore_eos
+    prediction: str | None = None             # the predicted output's text
+    logprobs: int | None = None               # top alternatives per token (None: no logprobs)
+    response_format: dict[str, Any] | None = None
 
     def options(self, k: int) -> dict[str, Any]:
         return dict(max_new_tokens=self.max_tokens, k=k, temperature=self.temperature,
                     top_k=self.top_k, top_p=self.top_p, seed=self.seed, stop=self.stop,
-                    **self.penalties)
+                    **self.penalties, **({"prediction": self.prediction}
+                                         if self.prediction is not None else {}),
+                    **({"logprobs": self.logprobs} if self.logprobs is not None else {}),
+                    **({"response_format": self.response_format}
+                       if self.response_format is not None else {}))
 
 
 def parse_request(raw: bytes, kind: type[_Req]) -> _Req:
@@ -201,8 +230,29 @@ def sampling(req: CompletionRequest | ChatCompletionRequest, served_name: str,
     if stop is not None and len(stop) > MAX_STOPS:
         raise ApiError(400, f"stop has {len(stop)} strings; at most {MAX_STOPS} are allowed.",
                        "stop")
+    prediction = req.prediction.text if req.prediction is not None else None
     return Sampling(max_tokens, float(temperature), float(top_p), int(top_k), req.seed,
-                    stop, penalties)           # empty strings: TextStream ignores them
+                    stop, penalties, prediction,   # empty stop strings: TextStream ignores them
+                    _logprobs(req), req.response_format)
+
+
+def _logprobs(req: CompletionRequest | ChatCompletionRequest) -> int | None:
+    """How many alternatives per token a request asks for, None for no logprobs: completions'
+    `logprobs: N` (0..5), chat's `logprobs: true` with `top_logprobs: N` (0..20)."""
+    if isinstance(req, CompletionRequest):
+        if req.logprobs is not None and not 0 <= req.logprobs <= MAX_COMPLETION_LOGPROBS:
+            raise ApiError(400, f"logprobs={req.logprobs} must be in [0, "
+                                f"{MAX_COMPLETION_LOGPROBS}].", "logprobs")
+        return req.logprobs
+    top = req.top_logprobs
+    if top is not None and not 0 <= top <= MAX_CHAT_LOGPROBS:
+        raise ApiError(400, f"top_logprobs={top} must be in [0, {MAX_CHAT_LOGPROBS}].",
+                       "top_logprobs")
+    if not req.logprobs:
+        if top:
+            raise ApiError(400, "top_logprobs needs logprobs: true.", "top_logprobs")
+        return None
+    return top or 0
 
 
 def _logit_bias(raw: dict[str, float]) -> dict[int, float]:
@@ -239,10 +289,19 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def usage_body(result: GenerationResult) -> dict[str, int]:
-    prompt, completion = result.stats.prompt_tokens, len(result.token_ids)
+def usage_body(result: GenerationResult) -> dict[str, Any]:
+    """OpenAI's usage, with `completion_tokens_details` counting the prediction's tokens the
+    target accepted and rejected when they were drafted (0 without a prediction), and this
+    request's draft tokens and how many passed (extensions, in every answer: docs/serving.md)."""
+    s = result.stats
+    prompt, completion = s.prompt_tokens, len(result.token_ids)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+            "total_tokens": prompt + completion,
+            "completion_tokens_details": {
+                "accepted_prediction_tokens": s.prediction_accepted,
+                "rejected_prediction_tokens": s.prediction_drafted - s.prediction_accepted},
+            "draft_tokens": s.drafted, "accepted_draft_tokens": s.accepted,
+            "acceptance_rate": s.acceptance_rate}
 
 
 def speculative_body(result: GenerationResult, replica: str) -> dict[str, Any]:
@@ -255,9 +314,9 @@ def speculative_body(result: GenerationResult, replica: str) -> dict[str, Any]:
 
 
 def completion_body(rid: str, model: str, result: GenerationResult, replica: str,
-                    chat: bool) -> dict[str, Any]:
+                    chat: bool, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     finish = FINISH_REASON.get(result.stop_reason, "stop")
-    choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": logprobs}
     if chat:
         choice["message"] = {"role": "assistant", "content": result.text}
     else:
@@ -269,9 +328,9 @@ def completion_body(rid: str, model: str, result: GenerationResult, replica: str
 
 def chunk_body(rid: str, model: str, chat: bool, text: str | None = None,
                result: GenerationResult | None = None, replica: str = "",
-               role: bool = False) -> dict[str, Any]:
+               role: bool = False, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     """One streamed chunk: a text piece, the role opener (chat), or the finish chunk."""
-    choice: dict[str, Any] = {"index": 0, "finish_reason": None, "logprobs": None}
+    choice: dict[str, Any] = {"index": 0, "finish_reason": None, "logprobs": logprobs}
     if chat:
         choice["delta"] = {"role": "assistant", "content": ""} if role else \
             ({"content": text} if text is not None else {})

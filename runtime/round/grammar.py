@@ -1,0 +1,131 @@
+"""Structured outputs: OpenAI's `response_format` as a token mask (llguidance), a logits processor.
+
+    constraint = Constraint.compile(response_format, tokenizer_json, vocab, eos_ids)  # checked
+    rule = make_rule(params, ..., constraint=constraint)     # its processors hold a Matcher
+
+The mask is applied where every other logits processor is (processors.py): to each draft
+proposal and to each row of the target's verification, as if the round's pending tokens had
+been emitted — the matcher consumes them, computes the mask, and rolls them back; committed
+tokens are consumed for good. So the constrained speculative output is the constrained target
+alone's: greedy the same tokens, sampling from the masked, renormalised distribution (the rules
+are unchanged). llguidance's core is Rust and needs no PyTorch; imported only when a request
+asks for a format.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+
+FORMATS = ("text", "json_object", "json_schema")
+# Compact JSON: no whitespace between tokens of the grammar (a model free to add whitespace
+# can loop in it until max_tokens, and the output would not parse).
+JSON_OPTIONS = {"whitespace_flexible": False}
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A checked grammar for one tokenizer; `matcher()` starts a sequence's own matcher."""
+
+    grammar: str
+    tokenizer: Any            # llguidance.LLTokenizer
+    vocab: int                # the logits' width (ids past the tokenizer's are never allowed)
+    name: str                 # what the client asked for, for messages
+
+    @staticmethod
+    def compile(response_format: Any, tokenizer: Any, vocab: int) -> Constraint | None:
+        """OpenAI's response_format (a dict) -> a Constraint, None for text; a ConfigError
+        naming `response_format` for what is malformed, unsupported or not a valid schema."""
+        import llguidance
+
+        if not isinstance(response_format, dict) or response_format.get("type") not in FORMATS:
+            raise ConfigError(f"response_format must be an object whose type is one of "
+                              f"{', '.join(FORMATS)}; got {_shown(response_format)}.")
+        kind = response_format["type"]
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            schema, name = {"type": "object"}, "json_object"
+        else:
+            spec = response_format.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+                raise ConfigError("response_format.json_schema must be an object with a 'name' "
+                                  "(string) and a 'schema' (a JSON schema object); got "
+                                  f"{_shown(spec)}.")
+            schema = spec.get("schema", {})
+            if not isinstance(schema, dict):
+                raise ConfigError(f"response_format.json_schema.schema must be a JSON schema "
+                                  f"object; got {_shown(schema)}.")
+            name = f"json_schema {spec['name']!r}"
+        try:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema,
+                                                                    overrides=JSON_OPTIONS)
+        except ValueError as exc:
+            raise ConfigError(f"response_format: {name} is not a JSON schema llguidance "
+                              f"takes: {exc}") from None
+        problem = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
+        if problem and not problem.startswith("WARNING"):
+            raise ConfigError(f"response_format: {name} cannot be used: {problem}. ---> HINT: "
+                              f"check the schema (llguidance's supported JSON schema subset).")
+        return Constraint(grammar, tokenizer, vocab, name)
+
+    def matcher(self) -> Matcher:
+        import llguidance
+
+        return Matcher(llguidance.LLMatcher(self.tokenizer, self.grammar, log_level=0), self)
+
+
+class Matcher:
+    """One sequence's place in the grammar: `commit` consumes emitted tokens for good; `allowed`
+    is the mask after `pending` (this round's unjudged tokens), which it rolls back."""
+
+    def __init__(self, matcher: Any, constraint: Constraint) -> None:
+        self.matcher, self.constraint = matcher, constraint
+        self.size = constraint.tokenizer.vocab_size        # the mask's ids
+
+    def commit(self, tokens: list[int]) -> None:
+        # an EOS after the grammar is complete ends the sequence; anything else was allowed
+        self.matcher.consume_tokens(list(tokens))
+
+    def allowed(self, n: int, pending: list[int] = ()) -> np.ndarray | None:
+        """(n,) bool: the ids allowed next after `pending`; None where a pending token is not
+        allowed (a draft the target rejects at its own row, so this row is never judged)."""
+        taken = self.matcher.try_consume_tokens(list(pending)) if pending else 0
+        try:
+            if taken < len(pending) or self.matcher.is_error():
+                return None
+            bits = np.frombuffer(self.matcher.compute_bitmask(), np.uint8)
+            mask = np.unpackbits(bits, bitorder="little")[:min(n, self.size)].astype(bool)
+            return mask if len(mask) == n else np.pad(mask, (0, n - len(mask)))
+        finally:
+            if taken:
+                self.matcher.rollback(taken)
+
+    @property
+    def error(self) -> str:
+        return self.matcher.get_error()
+
+
+def tokenizer_for(tokenizer_json: str, vocab: int, eos_ids: list[int]) -> Any:
+    """llguidance's tokenizer from the bundle's tokenizer.json (the Rust tokenizers format);
+    a ConfigError naming `response_format` where llguidance cannot take it."""
+    try:
+        import llguidance
+    except ImportError:
+        raise ConfigError("response_format needs llguidance, which is not installed. "
+                          "---> HINT: pip install llguidance (or '.[structured]').") from None
+    try:
+        return llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab, eos_token=eos_ids)
+    except (ValueError, RuntimeError) as exc:
+        raise ConfigError(f"response_format: this bundle's tokenizer cannot be used for "
+                          f"constrained decoding ({exc}).") from None
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, (dict, list, str, int, float, bool)) \
+        or value is None else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
