@@ -37,6 +37,16 @@ from .qweights import DEQUANTIZE, MATMULNBITS, Scheme, Weight, rewrite, save
 # buys more; below both floors the target stays float
 FLOOR = {"int4": 0.90, "int8": 0.97}
 BITS = {"int8": 8, "int4": 4}
+# The flavour --graph auto writes for a quantized target on the CPU: its attention is plain
+# ONNX whose MatMuls never run on one row (graphs/attention.py row_exact_matmul), so a row's
+# logits have the same bits alone (k=0) and among k+1; the ort flavour's GroupQueryAttention
+# does not, and int8 activations amplify its ~1e-6 into ~0.04 (design §12, issue 44)
+EXACT_QUANT_GRAPH = contract.STATIC
+ORT_QUANT_NOTE = ("a quantized target in the ort flavour computes a row alone (k=0) slightly "
+                  "differently than among k+1 rows: speculation then parts from k=0 at some "
+                  "tokens (SmolLM2-135M, 8 prompts x greedy/sampled x k=2,4,auto: 46 of 48 "
+                  "runs parted for int8, 48 of 48 for int4; design §12). --graph auto keeps "
+                  "it exact.")
 REPORT_TOKENS = 1024          # held-out tokens the report reads (4 windows of 256)
 WINDOW = 256
 

@@ -50,3 +50,29 @@ def test_group_query_attention_rows_depend_on_the_rows_beside_them(bundle_factor
     together, alone = rows_alone_and_together(
         bundle_factory("llama", "llama_cut", graph=graph, quant=quant))
     assert not (together == alone).all()
+
+
+def test_a_quantized_targets_batch_equals_each_sequence_alone(bundle_factory):
+    """The default int4 bundle (auto: static flavour): B sequences of k+1 new tokens in one
+    call give each sequence's logits as it alone; and generate_batch at k=auto (greedy and
+    seeded) gives each prompt's own k=0 tokens."""
+    from ssd_runtime import Generator
+
+    bundle = bundle_factory("llama", "llama_cut", quant="int4")
+    m = read_manifest(bundle)
+    session = cpu_session("target", bundle, m, threads=2, max_batch=3)
+    prompts = [ids(5 + 9 * b, 10 + b) for b in range(3)]
+    new = np.stack([ids(m.max_draft + 1, 20 + b) for b in range(3)])         # (B, T)
+    for b, prompt in enumerate(prompts):
+        session.prefill(prompt, 0, slot=b)
+    past = np.array([len(p) for p in prompts])
+    together = np.array(session.forward_rows(new, past))                   # (B, T, V)
+    for b in range(3):
+        alone = np.array(session.forward(new[b], int(past[b]), slot=b))     # (T, V)
+        assert (together[b] == alone).all(), f"sequence {b}"
+    gen = Generator.load(bundle)
+    asks = [p.tolist() for p in prompts]
+    for settings in ({}, {"temperature": 0.9, "top_p": 0.95, "seed": 5}):
+        alone = [gen.generate(p, max_new_tokens=24, k=0, **settings).token_ids for p in asks]
+        batch = gen.generate_batch(asks, max_new_tokens=24, k="auto", **settings)
+        assert [r.token_ids for r in batch] == alone, settings
