@@ -206,7 +206,8 @@ def choose_graph(config: ExportConfig) -> tuple[str, str]:
         version, gpu, _ = probe_tensorrt()
         if version is not None and gpu is not None:
             return contract.STANDARD, "TensorRT and a GPU are here"
-    if config.quant != contract.NO_QUANT:
+    if config.quant != contract.NO_QUANT and config.quant_method != "hqq":
+        # (HQQ's float zero points are MatMulNBits only, the ort flavour: it keeps that form)
         return EXACT_QUANT_GRAPH, ("a quantized target: plain-ONNX attention keeps a row's "
                                    "logits the same alone and among k+1 rows, so speculation "
                                    "equals k=0; design §12")
