@@ -52,13 +52,16 @@ def test_group_query_attention_rows_depend_on_the_rows_beside_them(bundle_factor
     assert not (together == alone).all()
 
 
-def test_a_quantized_targets_batch_equals_each_sequence_alone(bundle_factory):
+@pytest.mark.parametrize("graph", ["auto", pytest.param("standard", marks=pytest.mark.xfail(
+    strict=True, reason="the standard flavour's attention spans the batch's longest past: a "
+    "sequence's rows differ beside longer ones (why auto writes static, design §12)"))])
+def test_a_quantized_targets_batch_equals_each_sequence_alone(bundle_factory, graph):
     """The default int4 bundle (auto: static flavour): B sequences of k+1 new tokens in one
     call give each sequence's logits as it alone; and generate_batch at k=auto (greedy and
     seeded) gives each prompt's own k=0 tokens."""
     from ssd_runtime import Generator
 
-    bundle = bundle_factory("llama", "llama_cut", quant="int4")
+    bundle = bundle_factory("llama", "llama_cut", graph=graph, quant="int4")
     m = read_manifest(bundle)
     session = cpu_session("target", bundle, m, threads=2, max_batch=3)
     prompts = [ids(5 + 9 * b, 10 + b) for b in range(3)]
