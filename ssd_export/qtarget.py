@@ -44,7 +44,8 @@ BITS = {"int8": 8, "int4": 4}
 # Static, not standard: only its shapes are the same for every row (the whole cache), so a
 # sequence's rows are also the same beside other sequences in a batch (the standard one's
 # are not: tests/export/test_row_exact.py). It costs: a decode step of SmolLM2-135M's shapes,
-# int4, past 128, ran at 0.43-0.51x the ort flavour's speed (standard 0.65x; performance.md)
+# past 128, ran at 0.43-0.51x the ort flavour's speed for int4, 0.64x for int8 (standard
+# 0.65x for int4; performance.md)
 EXACT_QUANT_GRAPH = contract.STATIC
 ORT_QUANT_NOTE = ("a quantized target in the ort flavour computes a row alone (k=0) slightly "
                   "differently than among k+1 rows: speculation then parts from k=0 at some "
