@@ -164,17 +164,31 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
     qg = q.view(B, T, Hkv, G, D).permute(0, 2, 3, 1, 4)             # (B, Hkv, G, T, D)
     if a.scores_fp32:                                               # before the product
         qg, kt = qg.float(), kt.float()
-    scores = torch.matmul(qg, kt).float() * scaling                 # (B, Hkv, G, T, S)
+    scores = row_exact_matmul(qg, kt).float() * scaling             # (B, Hkv, G, T, S)
     if a.attn_softcap is not None:
         scores = torch.tanh(scores / a.attn_softcap) * a.attn_softcap
     sinks = None if a.attn_sinks is None else \
         getattr(attn, a.attn_sinks).float().view(1, Hkv, G, 1, 1)
     probs = softmax_with_sinks(scores + bias, sinks).to(h.dtype)
-    out = torch.matmul(probs, vs)                                   # (B, Hkv, G, T, D)
+    out = row_exact_matmul(probs, vs)                               # (B, Hkv, G, T, D)
     out = out.permute(0, 3, 1, 2, 4).reshape(B, T, Hkv * G * D)
     if scatter_at is not None:
         return _output(attn, a, out), keys, values
     return _output(attn, a, out), k, v
+
+
+def row_exact_matmul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x @ y whose row t has the same bits whatever the number of rows T beside it: ONNX
+    Runtime's CPU MatMul of two activations takes another kernel for one row (T = 1: a
+    decode step) than for two or more, which rounds differently (~1e-6), and a quantized
+    target's int8 activations turn that into ~0.04 in the logits (docs/design.md §12, issue
+    44). A zero row appended and dropped keeps every call on the kernel of two or more rows;
+    the extra row costs nothing measurable while the step reads its weights.
+
+        x (..., T, K) ─ cat(zero row) ─ (..., T+1, K) ─ @ y ─ [..., :T, :] ─ (..., T, N)
+    """
+    padded = torch.cat((x, torch.zeros_like(x[..., :1, :])), dim=-2)   # (..., T+1, K)
+    return torch.matmul(padded, y)[..., :-1, :]
 
 
 @dataclass(frozen=True)

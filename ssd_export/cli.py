@@ -48,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "standard ONNX over whole caches written in place (ScatterND): fixed "
                         "shapes per batch and new tokens, batches of several new tokens per row, "
                         "any ONNX Runtime provider, not TensorRT; auto (default) is ort unless "
-                        "TensorRT engines are built or onnxruntime has CUDA here")
+                        "TensorRT engines are built or onnxruntime has CUDA here, or static "
+                        "for a quantized target (--quant: its rows are then exact, so "
+                        "speculation equals k=0; design §12)")
     p.add_argument("--draft-quant", choices=get_args(Quant), default="auto",
                    help="the draft's weights: int8/int4 weight-only quantization (ONNX Runtime "
                         "MatMulNBits, CPU-only) makes its steps cheaper and never changes the "
@@ -71,10 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="quantize the LM head too (default; --no-quant-lm-head keeps it float)")
     p.add_argument("--quant-compute", choices=get_args(QuantCompute), default="int8",
                    help="what the quantized MatMuls compute in: int8 (default) rounds each "
-                        "block of activations to int8, the fast CPU kernels, whose results "
-                        "for a row vary slightly with the rows computed beside it, so that "
-                        "speculative output may differ from k=0 at near-ties (docs/runtime.md); "
-                        "float computes in float32: exact against k=0, slower (int4 only)")
+                        "block of activations to int8, the fast CPU kernels: exact against "
+                        "k=0 in the standard and static flavours, while in the ort flavour a "
+                        "row varies slightly with the rows beside it and speculation may part "
+                        "from k=0 (design §12); float computes in float32, slower (int4 only)")
     p.add_argument("--calib", metavar="FILE.jsonl",
                    help="text for the quantization report and the pair's worth (the draft's "
                         "agreement with the target, docs/export.md), one {\"text\": ...} a line "

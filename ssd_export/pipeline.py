@@ -27,7 +27,7 @@ from .loading import LoadedModel, check_architecture, load_model
 from .pair import (added_ids, chat_template, check_vocabularies, eos_ids,
                    generation_defaults, special_tokens, text_settings)
 from .parity import check_batch, check_parity, ort_errors
-from .qtarget import quantize_target, read_calibration
+from .qtarget import EXACT_QUANT_GRAPH, ORT_QUANT_NOTE, quantize_target, read_calibration
 from .quantize import BITS, check_request, draft_scheme, quantize_draft
 from .worth import measure_worth
 
@@ -74,6 +74,8 @@ def export_bundle(config: ExportConfig) -> Manifest:
     check_request(config.draft_quant)
     graph, why = choose_graph(config)
     log.print(f"    graph flavour: {graph} ({why})")
+    if graph == contract.ORT and config.quant != contract.NO_QUANT:
+        log.print(f"    note: {ORT_QUANT_NOTE}")
     check_target_quant(config, graph)
     heldout = read_calibration(config.calib)[1:]     # the quality report's and the worth's
 
@@ -230,6 +232,11 @@ def choose_graph(config: ExportConfig) -> tuple[str, str]:
         version, gpu, _ = probe_tensorrt()
         if version is not None and gpu is not None:
             return contract.STANDARD, "TensorRT and a GPU are here"
+    if config.quant != contract.NO_QUANT and config.quant_method != "hqq":
+        # (HQQ's float zero points are MatMulNBits only, the ort flavour: it keeps that form)
+        return EXACT_QUANT_GRAPH, ("a quantized target: plain-ONNX attention keeps a row's "
+                                   "logits the same alone and among k+1 rows, so speculation "
+                                   "equals k=0; design §12")
     return contract.ORT, ("no TensorRT or CUDA here: ONNX Runtime CPU kernels; "
                           "--graph standard for a bundle that also runs on GPUs")
 

@@ -37,6 +37,21 @@ from .qweights import DEQUANTIZE, MATMULNBITS, Scheme, Weight, rewrite, save
 # buys more; below both floors the target stays float
 FLOOR = {"int4": 0.90, "int8": 0.97}
 BITS = {"int8": 8, "int4": 4}
+# The flavour --graph auto writes for a quantized target on the CPU: its attention is plain
+# ONNX whose MatMuls never run on one row (graphs/attention.py row_exact_matmul), so a row's
+# logits have the same bits alone (k=0) and among k+1; the ort flavour's GroupQueryAttention
+# does not, and int8 activations amplify its ~1e-6 into ~0.04 (design §12, issue 44).
+# Static, not standard: only its shapes are the same for every row (the whole cache), so a
+# sequence's rows are also the same beside other sequences in a batch (the standard one's
+# are not: tests/export/test_row_exact.py). It costs: a decode step of SmolLM2-135M's shapes,
+# past 128, ran at 0.43-0.51x the ort flavour's speed for int4, 0.64x for int8 (standard
+# 0.65x for int4; performance.md)
+EXACT_QUANT_GRAPH = contract.STATIC
+ORT_QUANT_NOTE = ("a quantized target in the ort flavour computes a row alone (k=0) slightly "
+                  "differently than among k+1 rows: speculation then parts from k=0 at some "
+                  "tokens (SmolLM2-135M, 8 prompts x greedy/sampled x k=2,4,auto: 46 of 48 "
+                  "runs parted for int8, 48 of 48 for int4; design §12). --graph auto keeps "
+                  "it exact.")
 REPORT_TOKENS = 1024          # held-out tokens the report reads (4 windows of 256)
 WINDOW = 256
 
