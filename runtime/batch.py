@@ -245,8 +245,8 @@ class Batch:
             self._cap = self._batch_k(run, slots)
         emitted = self.loop.round([s.row for s in run], self._cap, lengths)
         if len(run) > 1:                # (one row's round times are its own schedule's)
-            draft_s, steps, verify_s, width = self.loop.last
-            self.live(slots).observe(width, verify_s, steps, draft_s)
+            draft_s, calls, verify_s, width = self.loop.last
+            self.live(slots).observe(width, verify_s, calls, draft_s)
         self.rounds += 1
         self.last_size = len(run)
         events = [self._emit(seq, new) for seq, new in zip(run, emitted)]
@@ -306,7 +306,8 @@ class Batch:
         cost = self.cost(rows)
         live = self.gen._live_costs.get(cost.rows)
         if live is None or live.cost is not cost:
-            live = self.gen._live_costs[cost.rows] = LiveCost(cost)
+            split = not getattr(self.draft, "batches_new_tokens", True)
+            live = self.gen._live_costs[cost.rows] = LiveCost(cost, extra_calls=int(split))
         return live
 
     def _measure(self, rows: int) -> BatchCost:

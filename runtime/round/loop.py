@@ -123,7 +123,7 @@ class Loop:
     def __init__(self, target: ModelSession, draft: ModelSession) -> None:
         self.target, self.draft = target, draft
         self.max_context = target.max_context
-        # the last round's (draft seconds, draft steps, verify seconds, verified width)
+        # the last round's (draft seconds, draft calls, verify seconds, verified width)
         self.last: tuple[float, int, float, int] = (0.0, 0, 0.0, 0)
 
     def round(self, rows: list[Row], cap: int | None = None,
@@ -188,19 +188,20 @@ class Loop:
     def _draft(self, rows: list[Row], span) -> int:
         """The model's tokens of every row: step i is one draft call over the rows still
         drafting, each its feed at its own length; after each token the row's schedule says
-        whether more pay (keep_drafting). Returns the number of steps."""
+        whether more pay (keep_drafting). Returns the number of draft calls."""
         drafting, steps = [], 0
         for row in rows:
             if row.left:
                 row.feed = row.seq[row.drafter.draft_len:] + row.drafts
                 drafting.append(row)
         while drafting:
-            steps += 1
             if len(drafting) == 1:               # one call of its own, in its slot
                 row = drafting[0]
                 found = [(row, self._step_alone(row), self.draft.top())]
+                steps += 1
             else:
-                found = self._step_rows(drafting, rows, span)
+                found, calls = self._step_rows(drafting, rows, span)
+                steps += calls
             drafting = []
             for row, logits, top in found:
                 drafter = row.drafter
@@ -281,7 +282,7 @@ class Loop:
             row.drafter.draft_calls += calls
             row.stats.draft_calls += calls
             found.append((row, logits[row.slot, last:last + 1], top))
-        return found
+        return found, calls
 
     def _verify(self, rows: list[Row], span):
         """One target call over every row's [last, d1..dk] at its own length: one row alone,

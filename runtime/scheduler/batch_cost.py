@@ -73,19 +73,23 @@ class LiveCost:
     one preempted round cannot move them. So a batch prices speculation from its own
     measurements: where its k > 0 rounds cost more than the calibration said, k falls."""
 
-    def __init__(self, cost: BatchCost, weight: float = 0.1) -> None:
+    def __init__(self, cost: BatchCost, extra_calls: int = 0, weight: float = 0.1) -> None:
         self.cost, self.weight = cost, weight
+        # draft calls a drafting round makes besides its k steps: a draft that cannot take
+        # two new tokens per row in one call (the ort flavour) feeds a round's pending token
+        # and its last as two calls (loop.py), which the calibration's k steps leave out
+        self.extra_calls = extra_calls
         self.verify_factor: dict[int, float] = {}
         self.draft_factor = 1.0
 
-    def observe(self, width: int, verify_s: float, steps: int, draft_s: float) -> None:
+    def observe(self, width: int, verify_s: float, calls: int, draft_s: float) -> None:
         expected = self.verify_time(width)
         if expected > 0 and verify_s > 0:
             self.verify_factor[width] = self._factor(width) * \
                 min(max(verify_s / expected, 0.8), 1.25) ** self.weight
         step = self.cost.draft_step * self.draft_factor
-        if steps and step > 0 and draft_s > 0:
-            self.draft_factor *= min(max(draft_s / steps / step, 0.8), 1.25) ** self.weight
+        if calls and step > 0 and draft_s > 0:
+            self.draft_factor *= min(max(draft_s / calls / step, 0.8), 1.25) ** self.weight
 
     def _factor(self, width: int) -> float:
         if width in self.verify_factor:
@@ -97,14 +101,16 @@ class LiveCost:
         return self.cost.verify_time(length) * self._factor(length)
 
     def round_time(self, k: int) -> float:
-        return k * self.cost.draft_step * self.draft_factor + self.verify_time(k + 1)
+        calls = k + self.extra_calls if k else 0
+        return calls * self.cost.draft_step * self.draft_factor + self.verify_time(k + 1)
 
     def round_times(self, max_k: int) -> np.ndarray:
         """round_time(0 .. max_k) as one array."""
         seen = self.verify_factor
         pace = self._factor(0)                  # (no width 0: the mean of those seen)
         factors = np.array([seen.get(t, pace) for t in range(1, max_k + 2)])
-        return np.arange(max_k + 1) * self.cost.draft_step * self.draft_factor + \
+        calls = np.arange(max_k + 1) + np.where(np.arange(max_k + 1) > 0, self.extra_calls, 0)
+        return calls * self.cost.draft_step * self.draft_factor + \
             self.cost.verify_times(max_k) * factors
 
 

@@ -266,3 +266,17 @@ def test_a_batch_prices_speculation_from_its_own_rounds():
     for _ in range(60):
         fresh.observe(1, 2.0e-3, 0, 0.0)
     assert fresh.verify_time(9) == pytest.approx(2 * 1.5e-3, rel=0.05)
+
+
+def test_a_batch_prices_the_draft_calls_its_rounds_make():
+    """A draft that feeds a round's pending token and its last as two calls (the ort flavour
+    in a batch) pays one draft call more than its k steps in every drafting round, and
+    nothing in a round that drafts nothing; the array form agrees with round_time."""
+    from ssd_runtime.scheduler.batch_cost import BatchCost, LiveCost
+
+    cost = BatchCost(4, 1e-3, ((1, 2e-3), (9, 4e-3)))
+    split, whole = LiveCost(cost, extra_calls=1), LiveCost(cost)
+    assert split.round_time(0) == whole.round_time(0) == pytest.approx(2e-3)
+    assert split.round_time(4) == pytest.approx(whole.round_time(4) + 1e-3)
+    for live in (split, whole):
+        assert np.allclose(live.round_times(8), [live.round_time(k) for k in range(9)])
