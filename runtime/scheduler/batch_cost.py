@@ -80,16 +80,27 @@ class LiveCost:
         # and its last as two calls (loop.py), which the calibration's k steps leave out
         self.extra_calls = extra_calls
         self.verify_factor: dict[int, float] = {}
-        self.draft_factor = 1.0
+        self._draft_factor: float | None = None   # until a draft call is seen: the pace
+
+    @property
+    def draft_factor(self) -> float:
+        """The draft call's price against the calibration: its own once its calls are seen,
+        until then the machine's pace (the verifications' mean factor). Rounds of k = 0 see
+        no draft call; left at 1, a calibration made in a busy moment would keep drafting
+        priced busy while k = 0 rounds price themselves quiet, and speculation would never
+        be tried again."""
+        return self._factor(0) if self._draft_factor is None else self._draft_factor
 
     def observe(self, width: int, verify_s: float, calls: int, draft_s: float) -> None:
         expected = self.verify_time(width)
         if expected > 0 and verify_s > 0:
             self.verify_factor[width] = self._factor(width) * \
                 min(max(verify_s / expected, 0.8), 1.25) ** self.weight
-        step = self.cost.draft_step * self.draft_factor
+        factor = self.draft_factor
+        step = self.cost.draft_step * factor
         if calls and step > 0 and draft_s > 0:
-            self.draft_factor *= min(max(draft_s / calls / step, 0.8), 1.25) ** self.weight
+            self._draft_factor = factor * min(max(draft_s / calls / step, 0.8), 1.25) ** \
+                self.weight
 
     def _factor(self, width: int) -> float:
         if width in self.verify_factor:

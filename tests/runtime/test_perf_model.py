@@ -280,3 +280,19 @@ def test_a_batch_prices_the_draft_calls_its_rounds_make():
     assert split.round_time(4) == pytest.approx(whole.round_time(4) + 1e-3)
     for live in (split, whole):
         assert np.allclose(live.round_times(8), [live.round_time(k) for k in range(9)])
+
+
+def test_a_busy_calibration_does_not_keep_drafting_priced_busy():
+    """Calibrated in a busy moment (every call twice what it costs now), a batch that runs
+    k = 0 rounds learns the quiet pace from them, and its unseen draft calls follow that pace:
+    speculation stays priced as it is now, not as it was."""
+    from ssd_runtime.scheduler.batch_cost import BatchCost, LiveCost, best_k
+
+    busy = BatchCost(2, 24e-3, ((1, 62e-3), (5, 84e-3), (9, 118e-3)))
+    quiet = BatchCost(2, 12e-3, ((1, 31e-3), (5, 42e-3), (9, 59e-3)))
+    live = LiveCost(busy, extra_calls=1)
+    for _ in range(200):                       # k = 0 rounds, as fast as quiet says
+        live.observe(1, 31e-3, 0, 0.0)
+    rows = [(0.95, None)] * 2
+    assert live.draft_factor == pytest.approx(0.5, rel=0.05)
+    assert best_k(rows, live, 8) == best_k(rows, LiveCost(quiet, extra_calls=1), 8) > 0
