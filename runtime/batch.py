@@ -20,7 +20,9 @@ over every running sequence, the same code that decodes one sequence alone:
 
 Under k="auto" the batch caps every row's k by the k that pays most for the batch at this
 many rows (batch_cost.best_k, from calls of this many rows timed on this machine); k=0 wins
-where speculation no longer pays.
+where speculation no longer pays. A row whose draft has not seen its tokens (a newcomer's
+prompt, rounds without drafts) is drafted for only where the rounds its drafts save pay for
+the draft's prefill (batch_cost.fed); else it decodes at k=0 beside the others.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from .errors import ConfigError
 from .request import GenerationResult, Request
 from .round.drafting import Drafter, Schedule
 from .round.loop import Loop, Row, Stats
-from .scheduler.batch_cost import BatchCost, LiveCost, best_k, measure
+from .scheduler.batch_cost import BatchCost, LiveCost, best_k, fed, measure, measure_prefill
 from .scheduler.learning import Acceptance
 from .text import TextCodec, TextStream
 
@@ -62,6 +64,7 @@ class Owner(Protocol):
     recalibrate: bool
     _batch_costs: dict[int, BatchCost]       # per batch size, kept across batches
     _live_costs: dict[int, LiveCost]         # ... and as the batches' own rounds correct them
+    _draft_prefill: float | None             # the draft's prefill, seconds a token
     _learnt: dict[str, Acceptance]           # per decoding kind, kept across calls
 
     def request(self, prompt: str | Sequence[int], max_new_tokens: int, k: int | str,
@@ -217,15 +220,21 @@ class Batch:
             t0 = perf_counter()
             if chunk:
                 self.target.prefill(np.asarray(chunk, np.int64), row.target_len, slot=row.slot)
-                # the draft too, unless it would not run: its schedule never drafts, or the
+                # the draft too, unless it would not run: its schedule never drafts, the
                 # batch does not draft at this many rows (speculation does not pay there: a
                 # draft as large as the target's int8 copy would cost a second prefill for
-                # nothing); a row's draft catches up when it first drafts (loop.py)
+                # nothing), or the row is not fed (its drafts would not save what this
+                # prefill costs, batch_cost.fed); a row's draft catches up when it first
+                # drafts (loop.py)
                 drafter = row.drafter
-                if row.schedule.uses_draft and self._cap != 0 and \
+                if row.schedule.uses_draft and self._cap != 0 and drafter.fed and \
                         drafter.draft_len == row.target_len:
+                    t1 = perf_counter()
                     self.draft.prefill(drafter.ids(chunk), drafter.draft_len, slot=row.slot)
                     drafter.draft_len = row.target_len + len(chunk)
+                    live = self._priced(max(s.slot for s in self._running()) + 1)
+                    if live is not None:
+                        live.observe_prefill(len(chunk), perf_counter() - t1)
                 row.target_len += len(chunk)
                 budget -= len(chunk)
             seq.stats.seconds["prefill"] += perf_counter() - t0
@@ -244,9 +253,13 @@ class Batch:
         if len(run) != len(self._running()):      # newcomers still prefilling: without them
             self._cap = self._batch_k(run, slots)
         emitted = self.loop.round([s.row for s in run], self._cap, lengths)
-        if len(run) > 1:                # (one row's round times are its own schedule's)
-            draft_s, calls, verify_s, width = self.loop.last
-            self.live(slots).observe(width, verify_s, calls, draft_s)
+        live = self._priced(slots)
+        if live is not None:
+            if len(run) > 1:            # (one row's round times are its own schedule's)
+                draft_s, calls, verify_s, width = self.loop.last
+                live.observe(width, verify_s, calls, draft_s)
+            for tokens, seconds in self.loop.caught_up:
+                live.observe_prefill(tokens, seconds)
         self.rounds += 1
         self.last_size = len(run)
         events = [self._emit(seq, new) for seq, new in zip(run, emitted)]
@@ -269,18 +282,32 @@ class Batch:
     def _batch_k(self, run: list[_Sequence], rows: int) -> int | None:
         """The cap on every row's k: the fixed k, or under "auto" the k that maximises the
         batch's expected tokens per second at this many rows (batch_cost.best_k; docs/design.md
-        §11). None for one sequence under "auto": its own schedule plans alone, as a sequence
-        decoded by itself does."""
+        §11), with the rows whose draft is not fed at k = 0. None for one sequence under
+        "auto": its own schedule plans alone, as a sequence decoded by itself does.
+
+        Under "auto" it also decides which rows the draft model drafts for (Drafter.fed): a row
+        whose draft is behind (a newcomer's prompt, rounds it did not draft) where the rounds
+        its drafts are expected to save pay for the draft's prefill (batch_cost.fed); a row in
+        step always. A fixed k drafts as asked."""
         if self.k != "auto":
             return int(self.k)
+        live, max_k = self.live(rows), self.gen.manifest.max_draft
+        asks = [(s.row.schedule.learnt.alpha, s.req.k if isinstance(s.req.k, int) else None)
+                for s in run]
+        feeding = fed([(alpha, cap, s.row.room(self.max_context), self._behind(s.row))
+                       for (alpha, cap), s in zip(asks, run)], live, max_k)
+        for seq, feed in zip(run, feeding):
+            seq.row.drafter.fed = feed
         if len(run) == 1:
             return None
-        return best_k([(s.row.schedule.learnt.alpha, s.req.k if isinstance(s.req.k, int)
-                        else None) for s in run], self.live(rows), self.gen.manifest.max_draft)
+        return best_k([(alpha, cap if feed else 0) for (alpha, cap), feed in zip(asks, feeding)],
+                      live, max_k)
 
     def calibrate(self) -> None:
-        """Measure what calls of 1, 2, 4, ... rows cost, up to this batch's slots (once per
-        generator, and remembered for later loads: later batches find them cached)."""
+        """Measure what calls of 1, 2, 4, ... rows cost, up to this batch's slots, and the
+        draft's prefill (once per generator, and remembered for later loads: later batches
+        find them cached)."""
+        self.draft_prefill()
         rows = 1
         while True:
             self.cost(rows)
@@ -291,7 +318,7 @@ class Batch:
     def cost(self, rows: int) -> BatchCost:
         """What calls of `rows` rows cost here, measured once per power of two and cached on
         the generator (in the loop's own pattern: draft steps, then a verification)."""
-        size = min(1 << max(0, rows - 1).bit_length(), self.gen.max_batch)
+        size = self._size(rows)
         cached = self.gen._batch_costs.get(size)
         if cached is None:                  # else remembered from an earlier load (cache.py)
             cached = self.gen._batch_costs[size] = cache.remembered(
@@ -307,8 +334,29 @@ class Batch:
         live = self.gen._live_costs.get(cost.rows)
         if live is None or live.cost is not cost:
             split = not getattr(self.draft, "batches_new_tokens", True)
-            live = self.gen._live_costs[cost.rows] = LiveCost(cost, extra_calls=int(split))
+            live = self.gen._live_costs[cost.rows] = LiveCost(
+                cost, extra_calls=int(split), prefill=self.draft_prefill())
         return live
+
+    def _priced(self, rows: int) -> LiveCost | None:
+        """live(rows) where calls of that many rows have been timed; else None (a fixed k's
+        batch times nothing, which would stall its rounds; its rounds correct the prices of
+        "auto" batches where there are some)."""
+        if self._size(rows) not in self.gen._batch_costs or self.gen._draft_prefill is None:
+            return None
+        return self.live(rows)
+
+    def draft_prefill(self) -> float:
+        """What the draft's prefill costs here, seconds a token (batch_cost.measure_prefill):
+        timed once per generator, in the batch's last slot past its valid rows, and
+        remembered for later loads (cache.py)."""
+        if self.gen._draft_prefill is None:
+            slot = len(self.slots) - 1
+            self.gen._draft_prefill = cache.remembered(
+                self.gen.measurement_key("draft-prefill"),
+                lambda: measure_prefill(self.draft, slot, self._draft_len(slot)),
+                float, _seconds, redo=self.gen.recalibrate)
+        return self.gen._draft_prefill
 
     def _measure(self, rows: int) -> BatchCost:
         """Time calls of `rows` rows at each slot's own length (so live sequences keep their
@@ -331,6 +379,17 @@ class Batch:
     def _draft_len(self, slot: int) -> int:
         seq = self.slots[slot] if slot < len(self.slots) else None
         return 0 if seq is None else seq.row.drafter.draft_len
+
+    def _size(self, rows: int) -> int:
+        """The batch size whose calls price calls of `rows` rows: the power of two above."""
+        return min(1 << max(0, rows - 1).bit_length(), self.gen.max_batch)
+
+    @staticmethod
+    def _behind(row: Row) -> int:
+        """Tokens the row's draft must prefill before it drafts: those before its last token
+        that it has not seen (a newcomer's whole prompt; 1, the pending token a round feeds
+        with its last, is no prefill). 0 where the row never drafts with the model."""
+        return len(row.seq) - 1 - row.drafter.draft_len if row.schedule.uses_draft else 0
 
     def _end(self, seq: _Sequence, reason: str) -> None:
         """End a sequence outside a round; its last event comes with the next step."""
@@ -375,3 +434,10 @@ class Batch:
     def __exit__(self, *exc) -> None:
         self.close()
 
+
+def _seconds(data: Any) -> float:
+    """A remembered price in seconds, checked: ValueError if it is not one."""
+    value = float(data)
+    if not 0 <= value < float("inf"):
+        raise ValueError(f"seconds {data!r}")
+    return value

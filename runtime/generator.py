@@ -66,6 +66,7 @@ class Generator:
         self._busy = threading.Lock()                # held while a sequence decodes
         self._batch_costs: dict[int, BatchCost] = {}  # batch.py: a BatchCost per batch size
         self._live_costs: dict[int, LiveCost] = {}    # ... corrected by the batches' rounds
+        self._draft_prefill: float | None = None     # ... and the draft's prefill, s a token
 
     @classmethod
     def load(cls, bundle: str | Path, backend: str = "auto", threads: Threads = None,

@@ -12,7 +12,9 @@ template as tools/drafts_bench.py does; greedy, ignore_eos so that each row asks
 work), in an order that
 rotates each repeat; tokens/s = all rows' new tokens / wall time of the call. Reported per B:
 each k's tokens/s (median and range), and each k's ratio to the first k of --k (k=0) per
-repeat, with the median and range. Every row's tokens are checked against the same prompt
+repeat, with the median and range; tokens drafted a row per round, and the share of rows whose
+draft was never run (a batch under "auto" feeds a row's draft only where its drafts pay for
+the draft's prefill: batch_cost.fed). Every row's tokens are checked against the same prompt
 decoded alone at k=0 (the exactness the batch promises); a difference is reported and makes
 the exit status 1.
 """
@@ -65,13 +67,16 @@ def main(argv: list[str] | None = None) -> int:
         alone[prompt] = gen.generate(prompt, max_new_tokens=n, k=0, ignore_eos=True).token_ids
     for k in ks:                                   # warm up; calibrate the batch's costs
         gen.generate_batch(prompts[:max(rows)], max_new_tokens=8, k=k, ignore_eos=True)
+    load_before = _loadavg()
     print(f"bundle {args.bundle}, threads {gen.target.threads}:{gen.draft.threads}, "
-          f"{n} tokens a row, {args.repeats} repeats")
+          f"{n} tokens a row, {args.repeats} repeats; load average {load_before}")
     report, wrong = {}, 0
     for b in rows:
         batch = [prompts[i % len(prompts)] for i in range(b)]
         speeds: dict[str, list[float]] = {str(k): [] for k in ks}
         accept: dict[str, list[float]] = {str(k): [] for k in ks}
+        mean_k: dict[str, list[float]] = {str(k): [] for k in ks}
+        unfed: dict[str, list[float]] = {str(k): [] for k in ks}
         for r in range(args.repeats):
             order = ks[r % len(ks):] + ks[:r % len(ks)]
             for k in order:
@@ -83,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
                 drafted = sum(x.stats.drafted for x in results)
                 accept[str(k)].append(sum(x.stats.accepted for x in results) / drafted
                                       if drafted else 0.0)
+                mean_k[str(k)].append(drafted / max(1, sum(x.stats.rounds for x in results)))
+                unfed[str(k)].append(sum(x.stats.draft_calls == 0 for x in results) / b)
                 for prompt, res in zip(batch, results):
                     if res.token_ids != alone[prompt]:
                         wrong += 1
@@ -93,18 +100,31 @@ def main(argv: list[str] | None = None) -> int:
         for k in ks:
             s = speeds[str(k)]
             ratios = [x / y for x, y in zip(s, base)]
-            entry[str(k)] = {"tokens_per_s": s, "ratio": ratios, "acceptance": accept[str(k)]}
+            entry[str(k)] = {"tokens_per_s": s, "ratio": ratios, "acceptance": accept[str(k)],
+                             "drafted_per_round": mean_k[str(k)],
+                             "rows_without_draft_calls": unfed[str(k)]}
             print(f"rows {b:>2}  k={str(k):<5} tok/s {statistics.median(s):8.1f} "
                   f"[{min(s):.1f}-{max(s):.1f}]  x k={ks[0]} {statistics.median(ratios):.2f} "
                   f"[{min(ratios):.2f}-{max(ratios):.2f}]  accepted/drafted "
-                  f"{statistics.median(accept[str(k)]):.2f}")
+                  f"{statistics.median(accept[str(k)]):.2f}  drafted a row per round "
+                  f"{statistics.median(mean_k[str(k)]):.2f}  rows without draft calls "
+                  f"{statistics.median(unfed[str(k)]):.2f}")
         report[str(b)] = entry
     if args.json:
         args.json.write_text(json.dumps({"bundle": str(args.bundle), "max_new_tokens": n,
                                          "threads": [gen.target.threads, gen.draft.threads],
+                                         "loadavg": [load_before, _loadavg()],
                                          "rows": report, "rows_differing": wrong}, indent=1))
-    print(f"rows differing from k=0 alone: {wrong}")
+    print(f"rows differing from k=0 alone: {wrong}; load average {_loadavg()}")
     return 1 if wrong else 0
+
+
+def _loadavg() -> str:
+    """/proc/loadavg's 1, 5 and 15-minute figures (the machine is shared: say how busy)."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
 
 
 if __name__ == "__main__":

@@ -65,6 +65,10 @@ class Drafter:
         self.from_lookup = 0                   # this round's leading drafts found by lookup
         self.from_prediction = 0               # ... of which the request's prediction's
         self.synced = True                     # the draft has seen every draft but the last
+        # whether the draft model drafts for this row: a batch stops feeding a row whose
+        # draft is behind where catching up costs more than its drafts save (batch_cost.fed);
+        # the row then drafts lookup's tokens only, which need no draft
+        self.fed = True
         target_vocab, draft_vocab = vocab or (0, 0)
         self.cut = target_vocab if draft_vocab > target_vocab else None   # draft rows to keep
         self.unknown = draft_vocab if target_vocab > draft_vocab else None   # ids to replace
@@ -94,11 +98,11 @@ class Drafter:
                 self.from_lookup = taken
                 if self.lookup.source == "prediction":
                     self.from_prediction = taken
-                if not schedule.extend_lookup(taken, k):
+                if not (self.fed and schedule.extend_lookup(taken, k)):
                     self.synced = False            # the draft has not seen these
                     return found[:taken], [None] * taken, 0
                 return found[:taken], [None] * taken, k - taken
-        return [], [], max(0, min(k, schedule.model_cap))
+        return [], [], max(0, min(k, schedule.model_cap)) if self.fed else 0
 
     def bet(self, drafts: list[int]) -> None:
         """Called while the target verifies `drafts`; the sequential drafter waits."""

@@ -123,8 +123,10 @@ class Loop:
     def __init__(self, target: ModelSession, draft: ModelSession) -> None:
         self.target, self.draft = target, draft
         self.max_context = target.max_context
-        # the last round's (draft seconds, draft calls, verify seconds, verified width)
+        # the last round's (draft seconds, draft calls, verify seconds, verified width), its
+        # draft seconds without the catch-up prefills, which are `caught_up`: (tokens, seconds)
         self.last: tuple[float, int, float, int] = (0.0, 0, 0.0, 0)
+        self.caught_up: list[tuple[int, float]] = []
 
     def round(self, rows: list[Row], cap: int | None = None,
               lengths: tuple[np.ndarray, np.ndarray] | None = None) -> list[list[int]]:
@@ -135,6 +137,7 @@ class Loop:
         slot (a call spans those slots; a slot without a row here takes a dummy token past
         its valid rows, so whatever sits there stays)."""
         t0 = perf_counter()
+        self.caught_up = []
         one = len(rows) == 1
         span = None if one else lengths
         most = self.max_context if span is None else \
@@ -151,7 +154,8 @@ class Loop:
             row.drafter.bet(row.drafts)          # split mode: the draft works on (§7)
         logits = self._verify(rows, span)
         t2 = perf_counter()
-        self.last = (t1 - t0, steps, t2 - t1, 1 + max(len(row.drafts) for row in rows))
+        self.last = (t1 - t0 - sum(s for _, s in self.caught_up), steps, t2 - t1,
+                     1 + max(len(row.drafts) for row in rows))
         emitted = []
         for row in rows:
             d = row.drafts
@@ -222,11 +226,10 @@ class Loop:
     def _step_alone(self, row: Row):
         """One row's draft step: its whole feed in one call (a feed longer than a call takes
         — the draft skipped by k = 0 rounds — is prefilled first)."""
-        drafter, feed = row.drafter, row.feed
-        if len(feed) > self.draft.max_new_len:
-            call(self.draft.prefill, drafter.ids(feed[:-1]), drafter.draft_len, row.slot)
-            drafter.draft_len += len(feed) - 1
-            feed = feed[-1:]
+        drafter = row.drafter
+        if len(row.feed) > self.draft.max_new_len:
+            self._catch_up(row)
+        feed = row.feed
         logits = call(self.draft.forward, drafter.ids(feed), drafter.draft_len, row.slot)
         drafter.draft_len += len(feed)
         drafter.draft_calls += 1
@@ -244,10 +247,7 @@ class Loop:
         draft = self.draft
         for row in drafting:
             if len(row.feed) > 2:
-                call(draft.prefill, row.drafter.ids(row.feed[:-1]), row.drafter.draft_len,
-                     row.slot)
-                row.drafter.draft_len += len(row.feed) - 1
-                row.feed = row.feed[-1:]
+                self._catch_up(row)
         slots = max(row.slot for row in drafting) + 1
         past = np.array(span[1][:slots] if span is not None else np.zeros(slots), np.int64)
         for row in rows:
@@ -283,6 +283,17 @@ class Loop:
             row.stats.draft_calls += calls
             found.append((row, logits[row.slot, last:last + 1], top))
         return found, calls
+
+    def _catch_up(self, row: Row) -> None:
+        """Prefill all of a row's draft feed but its last token (the draft skipped rounds: k =
+        0, or a batch that did not feed it), timed apart in `caught_up`: a batch prices the
+        draft's prefill apart from its steps (batch_cost.LiveCost)."""
+        drafter, ahead = row.drafter, row.feed[:-1]
+        t0 = perf_counter()
+        call(self.draft.prefill, drafter.ids(ahead), drafter.draft_len, row.slot)
+        self.caught_up.append((len(ahead), perf_counter() - t0))
+        drafter.draft_len += len(ahead)
+        row.feed = row.feed[-1:]
 
     def _verify(self, rows: list[Row], span):
         """One target call over every row's [last, d1..dk] at its own length: one row alone,

@@ -4,7 +4,10 @@
 
 d(B) is a draft step and V(B, T) a verification of T tokens, each a call over B rows,
 timed on this machine in the loop's own pattern (draft steps, then a verification);
-α_b is sequence b's own acceptance. docs/design.md §11.
+α_b is sequence b's own acceptance. A row whose draft has not seen its tokens (a newcomer's
+prompt, rounds the batch did not draft) must prefill them first, which k = 0 never pays:
+`fed` drafts for it only where its tokens left × the batch's gain a token cover that prefill.
+docs/design.md §11.
 """
 from __future__ import annotations
 
@@ -19,6 +22,8 @@ if TYPE_CHECKING:
     from ..backends.base import ModelSession
 
 PROBE_LENGTHS = (1, 2, 3, 5, 9, 17)    # verification lengths timed per batch size
+PREFILL_PROBE = 64    # tokens of the draft's prefill timed (SmolLM2-135M's int8 copy, 2 threads,
+# 2026-12-04, load 2.5: 9.8, 8.2, 6.7 ms a token at 16, 64, 200 tokens: a prompt's length)
 
 
 @dataclass(frozen=True)
@@ -71,9 +76,15 @@ class LiveCost:
     the draft step's factor; a T not seen yet takes the mean factor of those seen (the
     machine's pace). A round counts at most 25% over or 20% under what is expected of it, so
     one preempted round cannot move them. So a batch prices speculation from its own
-    measurements: where its k > 0 rounds cost more than the calibration said, k falls."""
+    measurements: where its k > 0 rounds cost more than the calibration said, k falls.
 
-    def __init__(self, cost: BatchCost, extra_calls: int = 0, weight: float = 0.1) -> None:
+    The draft's prefill (`prefill`: calibrated seconds a token, measure_prefill) is priced at
+    the draft's pace (draft_factor) times a correction learnt from the prefills the batch
+    makes (`observe_prefill`): few are made, one a newcomer, so the load moves their price
+    through the draft's many calls, and the prefills themselves only what differs in kind."""
+
+    def __init__(self, cost: BatchCost, extra_calls: int = 0, prefill: float = 0.0,
+                 weight: float = 0.1) -> None:
         self.cost, self.weight = cost, weight
         # draft calls a drafting round makes besides its k steps: a draft that cannot take
         # two new tokens per row in one call (the ort flavour) feeds a round's pending token
@@ -81,6 +92,8 @@ class LiveCost:
         self.extra_calls = extra_calls
         self.verify_factor: dict[int, float] = {}
         self._draft_factor: float | None = None   # until a draft call is seen: the pace
+        self.prefill = prefill
+        self.prefill_factor = 1.0                 # the prefills seen against draft_factor
 
     @property
     def draft_factor(self) -> float:
@@ -101,6 +114,15 @@ class LiveCost:
         if calls and step > 0 and draft_s > 0:
             self._draft_factor = factor * min(max(draft_s / calls / step, 0.8), 1.25) ** \
                 self.weight
+
+    def prefill_time(self, tokens: int) -> float:
+        """Seconds the draft takes to prefill `tokens` tokens of one row."""
+        return tokens * self.prefill * self.draft_factor * self.prefill_factor
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        expected = self.prefill_time(tokens)
+        if expected > 0 and seconds > 0:
+            self.prefill_factor *= min(max(seconds / expected, 0.8), 1.25) ** self.weight
 
     def _factor(self, width: int) -> float:
         if width in self.verify_factor:
@@ -132,14 +154,55 @@ def best_k(sequences: list[tuple[float, int | None]], cost: BatchCost | LiveCost
     the batch's round all the same (its rows are padded to the longest). Worked out every
     round, as arrays (a few µs at 16 rows, where a round of a cache-resident target takes a
     few ms)."""
-    ks = np.arange(max_k + 1)
-    alphas = np.array([a for a, _ in sequences], np.float64)[:, None]
-    caps = np.array([max_k if c is None else c for _, c in sequences])[:, None]
-    reach = np.minimum(ks[None, :], caps) + 1                       # tokens a row may emit
-    sure = alphas >= 1.0
-    tokens = np.where(sure, reach, (1.0 - np.minimum(alphas, 1.0) ** reach)
-                      / np.where(sure, 1.0, 1.0 - alphas)).sum(axis=0)
-    return int(np.argmax(tokens / cost.round_times(max_k)))
+    return int(np.argmax(_tokens(sequences, max_k) / cost.round_times(max_k)))
+
+
+def gain_per_token(sequences: list[tuple[float, int | None]], cost: BatchCost | LiveCost,
+                   max_k: int) -> float:
+    """Seconds of the batch's time each token saves when the batch drafts at its best k
+    rather than at k = 0: round_time(0) / tokens(0) - round_time(k) / tokens(k), the
+    tokens summed over `sequences` (best_k's)."""
+    per_token = cost.round_times(max_k) / _tokens(sequences, max_k)
+    return float(per_token[0] - per_token.min())
+
+
+def fed(rows: list[tuple[float, int | None, int, int]], cost: LiveCost,
+        max_k: int) -> list[bool]:
+    """Which rows the draft model drafts for: each row (its α, its cap or None, tokens it may
+    still emit, tokens its draft must prefill before it drafts: a newcomer's prompt, or what
+    rounds without its drafts left behind; 0 or 1 when it is in step). A row is fed where
+
+        tokens left × gain_per_token  >=  prefill_time(tokens behind)
+
+    (the rounds its drafts are expected to save pay for the prefill, which k = 0 never
+    makes); the others decode at k = 0 in the batch (their drafts: none, or lookup's, which
+    need no draft). The gain is the batch's with the rows not fed at k = 0, so it is worked
+    out again until no more rows drop out (at most once a row)."""
+    feeding = [True] * len(rows)
+    while True:
+        gain = gain_per_token([(a, c if f else 0) for (a, c, _, _), f in zip(rows, feeding)],
+                              cost, max_k)
+        now = [f and (behind <= 1 or left * gain >= cost.prefill_time(behind))
+               for (_, _, left, behind), f in zip(rows, feeding)]
+        if now == feeding:
+            return feeding
+        feeding = now
+
+
+def measure_prefill(draft: ModelSession, slot: int, past: int, repeats: int = 3) -> float:
+    """The draft's prefill in `slot` from row `past` on (a free slot, or past a sequence's
+    valid rows): median seconds a token of PREFILL_PROBE tokens, after a warm-up; 0 where
+    the slot has no room for them."""
+    if past + PREFILL_PROBE > draft.max_context:
+        return 0.0
+    ids = np.zeros(PREFILL_PROBE, np.int64)
+    times = []
+    for r in range(repeats + 1):
+        t0 = perf_counter()
+        draft.prefill(ids, past, slot=slot)
+        if r:
+            times.append(perf_counter() - t0)
+    return float(np.median(times)) / PREFILL_PROBE
 
 
 def measure(target: ModelSession, draft: ModelSession, rows: int, target_past: np.ndarray,
@@ -169,3 +232,14 @@ def measure(target: ModelSession, draft: ModelSession, rows: int, target_past: n
     times = np.maximum.accumulate([float(np.median(verify[t])) for t in lengths])
     return BatchCost(rows, float(np.median(drafts)) if drafts else 0.0,
                      tuple(zip(lengths, map(float, times))))
+
+
+def _tokens(sequences: list[tuple[float, int | None]], max_k: int) -> np.ndarray:
+    """Expected tokens a round emits over `sequences` (α, cap or None), for k = 0 .. max_k."""
+    ks = np.arange(max_k + 1)
+    alphas = np.array([a for a, _ in sequences], np.float64)[:, None]
+    caps = np.array([max_k if c is None else c for _, c in sequences])[:, None]
+    reach = np.minimum(ks[None, :], caps) + 1                       # tokens a row may emit
+    sure = alphas >= 1.0
+    return np.where(sure, reach, (1.0 - np.minimum(alphas, 1.0) ** reach)
+                    / np.where(sure, 1.0, 1.0 - alphas)).sum(axis=0)

@@ -281,3 +281,31 @@ def test_batch_cost_model_prices_each_batch_size(bundle_factory):
         assert batch._batch_k(run, 2) == gen.manifest.max_draft
         gen._batch_costs[2] = BatchCost(2, 1e-3, ((1, 1e-3), (9, 9e-3)))  # compute-bound
         assert batch._batch_k(run, 2) == 0
+
+
+def test_a_newcomer_whose_drafts_would_not_pay_for_its_prefill_decodes_at_k0(bundle_factory):
+    """k="auto" in a batch (batch_cost.fed): at prices where rounds of 4 rows pay for drafting
+    but the draft's prefill of each newcomer's prompt costs more than its drafts could save,
+    no row's draft is prefilled or run, and each row is what it is alone at k=0; the same
+    batch at a free prefill drafts."""
+    from ssd_runtime.scheduler.batch_cost import BatchCost
+
+    gen = Generator.load(bundle_factory("llama", "llama_cut"), max_batch=4, threads=1)
+    prompts = [prompt_ids(40), prompt_ids(7), prompt_ids(7)[:5], prompt_ids(40)[:20]]
+    alone = [gen.generate(p, max_new_tokens=NEW, k=0).token_ids for p in prompts]
+    cheap_rounds = ((1, 1e-3), (9, 1.05e-3))      # drafting pays at any acceptance
+    for prefill, drafts in ((1.0, False), (0.0, True)):     # seconds a token
+        gen._batch_costs = {r: BatchCost(r, 1e-6, cheap_rounds) for r in (1, 2, 4)}
+        gen._live_costs, gen._draft_prefill = {}, prefill
+        with gen.batch(k="auto") as batch:
+            for p in prompts:
+                batch.add(p, max_new_tokens=NEW, draft_source="model")
+            batch.step()                              # the prompts' prefill, then a round
+            rows = [s.row for s in batch._running()]
+            assert [r.drafter.draft_len > 0 for r in rows] == [drafts] * 4
+            assert [r.drafter.fed for r in rows] == [drafts] * 4
+            results = {}
+            while batch.active:
+                results.update({e.id: e.result for e in batch.step() if e.result is not None})
+        assert [results[i].token_ids for i in range(4)] == alone
+        assert all((r.stats.draft_calls > 0) == drafts for r in results.values())

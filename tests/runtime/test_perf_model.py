@@ -296,3 +296,57 @@ def test_a_busy_calibration_does_not_keep_drafting_priced_busy():
     rows = [(0.95, None)] * 2
     assert live.draft_factor == pytest.approx(0.5, rel=0.05)
     assert best_k(rows, live, 8) == best_k(rows, LiveCost(quiet, extra_calls=1), 8) > 0
+
+
+# SmolLM2-135M-Instruct with its int8 self-copy, calls of 2 and 4 rows as Batch.calibrate
+# timed them on this machine (2026-12-04, threads 2:2, load average 3-6) and the draft's
+# prefill (8.0 ms a token, batch_cost.measure_prefill); seconds
+SMOL_2 = ((1, 135.0e-3), (2, 178.9e-3), (3, 183.1e-3), (5, 219.9e-3), (9, 275.9e-3))
+SMOL_4 = ((1, 176.6e-3), (2, 223.7e-3), (3, 223.7e-3), (5, 276.7e-3), (9, 432.1e-3))
+
+
+def test_a_newcomer_is_drafted_for_only_where_its_drafts_pay_for_the_drafts_prefill():
+    """batch_cost.fed: a newcomer's draft must prefill its prompt before it drafts, which
+    k = 0 never pays. At 2 rows of SmolLM2-135M drafted by its int8 copy, 128 tokens to go save
+    more than a 60-token prompt's prefill costs; at 4 rows, at the prices its rounds measured
+    (k = 0 rounds 113 ms, verifications of 7 tokens 285 ms and draft calls 53 ms, medians, same
+    day), the rounds still pay for drafting but not for the prefill, so no newcomer is fed and
+    the batch runs k = 0; a row whose draft is in step stays fed whatever the prices, and rows
+    with 1,000 tokens to go are worth their prefill."""
+    from ssd_runtime.scheduler.batch_cost import BatchCost, LiveCost, best_k, fed, gain_per_token
+
+    two = LiveCost(BatchCost(2, 52.6e-3, SMOL_2), extra_calls=1, prefill=8.0e-3)
+    assert fed([(0.94, None, 128, 60)] * 2, two, 8) == [True, True]
+    four = LiveCost(BatchCost(4, 73.2e-3, SMOL_4), extra_calls=1, prefill=8.0e-3)
+    for _ in range(100):
+        four.observe(1, 113e-3, 0, 0.0)
+        four.observe(7, 285e-3, 7, 7 * 53e-3)
+    rows = [(0.94, None)] * 4
+    assert best_k(rows, four, 8) > 0             # in step, drafting would pay a little ...
+    gain = gain_per_token(rows, four, 8)
+    assert 0 < 128 * gain < four.prefill_time(60)        # ... less than a prompt's prefill
+    newcomers = [(0.94, None, 128, 60)] * 4
+    assert fed(newcomers, four, 8) == [False] * 4
+    assert best_k([(0.94, 0)] * 4, four, 8) == 0
+    assert fed(newcomers[:3] + [(0.94, None, 128, 1)], four, 8) == [False] * 3 + [True]
+    assert fed([(0.94, None, 1000, 60)] * 4, four, 8) == [True] * 4
+    assert fed([(0.94, None, 128, 0)] * 4, LiveCost(BatchCost(4, 1.0, SMOL_4), prefill=1.0),
+               8) == [True] * 4                  # in step: nothing to prefill, nothing to pay
+
+
+def test_the_drafts_prefill_is_priced_at_the_drafts_pace():
+    """LiveCost prices the draft's prefill at its calibration times the draft calls' pace
+    (a few prefills a batch, many draft calls), corrected by the prefills it sees, one
+    preempted prefill counting at most 25% over."""
+    from ssd_runtime.scheduler.batch_cost import BatchCost, LiveCost
+
+    live = LiveCost(BatchCost(2, 10e-3, ((1, 20e-3), (9, 40e-3))), prefill=5e-3)
+    assert live.prefill_time(60) == pytest.approx(0.3)
+    for _ in range(200):                         # the draft's calls now take twice as long
+        live.observe(3, 30e-3, 2, 40e-3)
+    assert live.prefill_time(60) == pytest.approx(0.6, rel=0.05)
+    live.observe_prefill(60, 60.0)               # one prefill preempted for a minute
+    assert live.prefill_time(60) < 0.6 * 1.03
+    for _ in range(200):                         # prefills cost half what the pace says
+        live.observe_prefill(60, 0.3)
+    assert live.prefill_time(60) == pytest.approx(0.3, rel=0.05)
