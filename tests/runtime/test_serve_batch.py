@@ -227,3 +227,97 @@ def test_a_lagging_stream_gets_what_arrived_as_one_piece(bundle):
         engine.close()
     assert queued > 3                      # several rounds' pieces were waiting
     assert pieces == [want.text]           # ... and went out as one, in order
+
+
+@pytest.fixture
+def paused(bundle):
+    """The real app in uvicorn (a thread) with 16 slots under k="auto", whose batch holds its
+    first round until 16 requests have joined and then pauses after its second round until
+    the test releases it: what the test sends then certainly arrives inside a running batch."""
+    from serve_util import ThreadedServer
+    from ssd_runtime.serve.app import create_app
+    from ssd_runtime.serve.config import ServeConfig
+
+    app = create_app(ServeConfig(bundle=bundle, model_name=MODEL, max_queue=16, max_batch=16,
+                                 k="auto"),
+                     generator=Generator.load(bundle, max_batch=16, threads=1))
+    batch = app.state.server.engine.batch
+    step, deadline, started = batch.step, time.monotonic() + 60, []
+    pausing, release = threading.Event(), threading.Event()
+
+    def paced_step():
+        if not started and batch.active < 16 and time.monotonic() < deadline:
+            time.sleep(0.005)
+            return []
+        started.append(True)
+        if batch.rounds >= 2 and not release.is_set():
+            pausing.set()
+            release.wait(60)
+        return step()
+
+    batch.step = paced_step
+    with ThreadedServer(app) as srv:
+        srv.pausing, srv.release = pausing, release
+        yield srv
+        release.set()
+
+
+def test_nothing_is_lost_under_load(paused, bundle):
+    """16 streaming clients in one batch; 4 leave after their first piece, and bad requests
+    arrive while the batch runs: the bad ones get their 4xx, the 12 others the text each
+    prompt gives alone at k=0, no answer is a 5xx, and every slot is free afterwards."""
+    server = paused
+    bodies = [dict(model=MODEL, prompt=PROMPTS[i % len(PROMPTS)], max_tokens=24 + i,
+                   temperature=0, stream=True) for i in range(16)]
+    leavers = {1, 6, 11, 15}
+    results: list = [None] * 16
+
+    def one(i: int) -> None:
+        with httpx.Client(base_url=server.url, timeout=120) as http:
+            with http.stream("POST", "/v1/completions", json=bodies[i]) as res:
+                text = ""
+                for line in res.iter_lines():
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        text += json.loads(line[6:])["choices"][0]["text"]
+                        if i in leavers:
+                            break                    # leaves mid-stream: the stream closes
+                results[i] = (res.status_code, text)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    assert server.pausing.wait(60), "the batch did not start its rounds"
+    bad = [("/v1/completions", {"model": "other", "prompt": "x"}, 404),
+           ("/v1/completions", {"model": MODEL, "prompt": "x", "logit_bias": {"99999": 1}}, 400),
+           ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": -1}, 400),
+           ("/v1/chat/completions", {"model": MODEL, "messages": []}, 400),
+           ("/v1/completions", b"{not json", 400)]
+    for path, body, status in bad:
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        res = httpx.post(server.url + path, content=raw, timeout=30,
+                         headers={"content-type": "application/json"})
+        assert res.status_code == status, (body, res.text)
+        assert res.json()["error"]["message"]
+    assert server.health()["busy"]                   # the batch is still running
+    server.release.set()
+    for t in threads:
+        t.join(120)
+    gen = Generator.load(bundle, threads=1)
+    cut = 0
+    for i, (body, (status, text)) in enumerate(zip(bodies, results)):
+        assert status == 200
+        want = gen.generate(body["prompt"], max_new_tokens=body["max_tokens"], k=0).text
+        if i in leavers:
+            assert want.startswith(text) and text
+            cut += len(text) < len(want)
+        else:
+            assert text == want, f"{body['prompt']!r} differs beside leavers and bad requests"
+    assert cut, "no client left mid-stream"
+    deadline = time.monotonic() + 10
+    while server.health()["busy"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not server.health()["busy"] and server.health()["queue_depth"] == 0
+    metrics = server.metrics()
+    counted = r'^ssd_requests_total\{[^}]*status="%s"[^}]*\} [1-9]'
+    assert re.search(counted % "400", metrics, re.M)             # (the 4xx are counted ...)
+    assert not re.search(counted % r"5\d\d", metrics, re.M)       # ... and no 5xx)
