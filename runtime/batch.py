@@ -22,7 +22,7 @@ Under k="auto" the batch caps every row's k by the k that pays most for the batc
 many rows (batch_cost.best_k, from calls of this many rows timed on this machine); k=0 wins
 where speculation no longer pays. A row whose draft has not seen its tokens (a newcomer's
 prompt, rounds without drafts) is drafted for only where the rounds its drafts save pay for
-the draft's prefill (batch_cost.fed); else it decodes at k=0 beside the others.
+the draft's prefill (batch_cost.plan); else it decodes at k=0 beside the others.
 """
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ from .errors import ConfigError
 from .request import GenerationResult, Request
 from .round.drafting import Drafter, Schedule
 from .round.loop import Loop, Row, Stats
-from .scheduler.batch_cost import BatchCost, LiveCost, best_k, fed, measure, measure_prefill
+from .scheduler.batch_cost import (TIMED_S, BatchCost, LiveCost, measure, measure_prefill,
+                                   plan)
 from .scheduler.learning import Acceptance
 from .text import TextCodec, TextStream
 
@@ -47,6 +48,14 @@ if TYPE_CHECKING:
     from .manifest import Manifest
 
 PREFILL_BUDGET = 256          # prompt tokens prefilled per round (a chunk; docs/design.md §11)
+# Under "auto" the batch's plan (its k, whose draft is fed) is worked out again when rows join
+# or leave, when a row's α moved by more than REPLAN_ALPHA, or after REPLAN_EVERY rounds, as
+# AdaptiveK re-plans (§6): worked out every round it cost 0.1-0.3 ms at 4 rows on this 2-core
+# machine at load 6-8 (numpy on arrays of a few numbers; 2026-12-04), 2-4% of a 4-row round of
+# the demo target, and auto with nothing drafted ran at 0.96-0.97 of k=0 (batch_bench, a
+# useless draft)
+REPLAN_EVERY = 8
+REPLAN_ALPHA = 0.03
 
 
 class Owner(Protocol):
@@ -131,6 +140,8 @@ class Batch:
         self._done: list[Event] = []             # ended outside a round (cancel, no room)
         self._vocab = (generator.manifest.target.vocab_size, generator.manifest.draft.vocab_size)
         self._cap: int | None = None             # this round's cap on k (None: none)
+        self._planned: tuple = ()                # ((prices, ids), alphas, k) of the last plan
+        self._plan_rounds = 0                    # rounds left before it is made again
         if k == "auto":                  # measured now, not in the middle of a round
             self.calibrate()
 
@@ -224,7 +235,7 @@ class Batch:
                 # batch does not draft at this many rows (speculation does not pay there: a
                 # draft as large as the target's int8 copy would cost a second prefill for
                 # nothing), or the row is not fed (its drafts would not save what this
-                # prefill costs, batch_cost.fed); a row's draft catches up when it first
+                # prefill costs, batch_cost.plan); a row's draft catches up when it first
                 # drafts (loop.py)
                 drafter = row.drafter
                 if row.schedule.uses_draft and self._cap != 0 and drafter.fed and \
@@ -281,27 +292,31 @@ class Batch:
 
     def _batch_k(self, run: list[_Sequence], rows: int) -> int | None:
         """The cap on every row's k: the fixed k, or under "auto" the k that maximises the
-        batch's expected tokens per second at this many rows (batch_cost.best_k; docs/design.md
+        batch's expected tokens per second at this many rows (batch_cost.plan; docs/design.md
         §11), with the rows whose draft is not fed at k = 0. None for one sequence under
         "auto": its own schedule plans alone, as a sequence decoded by itself does.
 
         Under "auto" it also decides which rows the draft model drafts for (Drafter.fed): a row
         whose draft is behind (a newcomer's prompt, rounds it did not draft) where the rounds
-        its drafts are expected to save pay for the draft's prefill (batch_cost.fed); a row in
+        its drafts are expected to save pay for the draft's prefill (batch_cost.plan); a row in
         step always. A fixed k drafts as asked."""
         if self.k != "auto":
             return int(self.k)
-        live, max_k = self.live(rows), self.gen.manifest.max_draft
-        asks = [(s.row.schedule.learnt.alpha, s.req.k if isinstance(s.req.k, int) else None)
-                for s in run]
-        feeding = fed([(alpha, cap, s.row.room(self.max_context), self._behind(s.row))
-                       for (alpha, cap), s in zip(asks, run)], live, max_k)
-        for seq, feed in zip(run, feeding):
-            seq.row.drafter.fed = feed
-        if len(run) == 1:
-            return None
-        return best_k([(alpha, cap if feed else 0) for (alpha, cap), feed in zip(asks, feeding)],
-                      live, max_k)
+        live, alphas = self.live(rows), [s.row.schedule.learnt.alpha for s in run]
+        key = (live, tuple(s.id for s in run))
+        if self._planned and self._planned[0] == key and self._plan_rounds > 0 and \
+                max(abs(a - b) for a, b in zip(alphas, self._planned[1])) <= REPLAN_ALPHA:
+            self._plan_rounds -= 1                         # the plan stands (REPLAN_EVERY)
+            k = self._planned[2]
+        else:
+            k, feeding = plan([(alpha, s.req.k if isinstance(s.req.k, int) else None,
+                                s.row.room(self.max_context), self._behind(s.row))
+                               for alpha, s in zip(alphas, run)], live,
+                              self.gen.manifest.max_draft)
+            for seq, feed in zip(run, feeding):
+                seq.row.drafter.fed = feed
+            self._planned, self._plan_rounds = (key, alphas, k), REPLAN_EVERY - 1
+        return None if len(run) == 1 else k
 
     def calibrate(self) -> None:
         """Measure what calls of 1, 2, 4, ... rows cost, up to this batch's slots, and the
@@ -322,7 +337,8 @@ class Batch:
         cached = self.gen._batch_costs.get(size)
         if cached is None:                  # else remembered from an earlier load (cache.py)
             cached = self.gen._batch_costs[size] = cache.remembered(
-                self.gen.measurement_key("batch", rows=size), lambda: self._measure(size),
+                self.gen.measurement_key("batch", rows=size, timed_s=TIMED_S),
+                lambda: self._measure(size),
                 BatchCost.record, lambda data: BatchCost.from_record(data, size),
                 redo=self.gen.recalibrate)
         return cached

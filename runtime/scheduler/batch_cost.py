@@ -22,6 +22,13 @@ if TYPE_CHECKING:
     from ..backends.base import ModelSession
 
 PROBE_LENGTHS = (1, 2, 3, 5, 9, 17)    # verification lengths timed per batch size
+# Timed passes go on past `repeats` until they add up to TIMED_S seconds (up to MAX_PASSES): a
+# tiny model's calls take 0.1-0.3 ms, and on this 2-core machine at load 6-8 (2026-12-04) a
+# median of 3 such calls could be a preempted one: V(4, 1) of a 0.2M-parameter target timed
+# at 5.6 ms where the loop's k=0 rounds took 0.9, and its batches drafted at 0.3-0.7x of k=0.
+# Preemption only ever adds time, so many short samples have an honest median.
+TIMED_S = 0.2
+MAX_PASSES = 64
 PREFILL_PROBE = 64    # tokens of the draft's prefill timed (SmolLM2-135M's int8 copy, 2 threads,
 # 2026-12-04, load 2.5: 9.8, 8.2, 6.7 ms a token at 16, 64, 200 tokens: a prompt's length)
 
@@ -168,24 +175,38 @@ def gain_per_token(sequences: list[tuple[float, int | None]], cost: BatchCost | 
 
 def fed(rows: list[tuple[float, int | None, int, int]], cost: LiveCost,
         max_k: int) -> list[bool]:
-    """Which rows the draft model drafts for: each row (its α, its cap or None, tokens it may
-    still emit, tokens its draft must prefill before it drafts: a newcomer's prompt, or what
-    rounds without its drafts left behind; 0 or 1 when it is in step). A row is fed where
+    """Which rows the draft model drafts for (plan's second half)."""
+    return plan(rows, cost, max_k)[1]
+
+
+def plan(rows: list[tuple[float, int | None, int, int]], cost: LiveCost,
+         max_k: int) -> tuple[int, list[bool]]:
+    """The batch's k (best_k) and which rows the draft model drafts for: each row (its α,
+    its cap or None, tokens it may still emit, tokens its draft must prefill before it
+    drafts: a newcomer's prompt, or what rounds without its drafts left behind; 0 or 1 when
+    it is in step). A row is fed where
 
         tokens left × gain_per_token  >=  prefill_time(tokens behind)
 
     (the rounds its drafts are expected to save pay for the prefill, which k = 0 never
     makes); the others decode at k = 0 in the batch (their drafts: none, or lookup's, which
-    need no draft). The gain is the batch's with the rows not fed at k = 0, so it is worked
-    out again until no more rows drop out (at most once a row)."""
+    need no draft), and the k is best_k with them capped at 0. The gain is the batch's with
+    the rows not fed at k = 0, so it is worked out again until no more rows drop out (at most
+    once a row). The round prices are read once: this runs every round."""
+    times = cost.round_times(max_k)
     feeding = [True] * len(rows)
+    behind = any(b > 1 for *_, b in rows)
     while True:
-        gain = gain_per_token([(a, c if f else 0) for (a, c, _, _), f in zip(rows, feeding)],
-                              cost, max_k)
-        now = [f and (behind <= 1 or left * gain >= cost.prefill_time(behind))
-               for (_, _, left, behind), f in zip(rows, feeding)]
+        per_token = times / _tokens([(a, c if f else 0) for (a, c, _, _), f
+                                     in zip(rows, feeding)], max_k)
+        k = int(np.argmin(per_token))
+        if not behind:
+            return k, feeding
+        gain = float(per_token[0] - per_token[k])
+        now = [f and (b <= 1 or left * gain >= cost.prefill_time(b))
+               for (_, _, left, b), f in zip(rows, feeding)]
         if now == feeding:
-            return feeding
+            return k, feeding
         feeding = now
 
 
@@ -196,19 +217,22 @@ def measure_prefill(draft: ModelSession, slot: int, past: int, repeats: int = 3)
     if past + PREFILL_PROBE > draft.max_context:
         return 0.0
     ids = np.zeros(PREFILL_PROBE, np.int64)
-    times = []
-    for r in range(repeats + 1):
+    times: list[float] = []
+    r = 0
+    while r <= repeats or (sum(times) < TIMED_S and r <= MAX_PASSES):
         t0 = perf_counter()
         draft.prefill(ids, past, slot=slot)
-        if r:
+        if r:                                   # the first warms up
             times.append(perf_counter() - t0)
+        r += 1
     return float(np.median(times)) / PREFILL_PROBE
 
 
 def measure(target: ModelSession, draft: ModelSession, rows: int, target_past: np.ndarray,
             draft_past: np.ndarray, max_draft: int, repeats: int = 3) -> BatchCost:
     """Median times of calls over `rows` rows, each row written at its given length (a live
-    sequence's valid length: only rows past it are written); empty rows (0) at 64."""
+    sequence's valid length: only rows past it are written); empty rows (0) at 64. At least
+    `repeats` timed passes, more until they add up to TIMED_S seconds (MAX_PASSES at most)."""
     lengths = [t for t in PROBE_LENGTHS if t <= max_draft + 1]
     fits = target.max_context - max(lengths) - 1
     if int(target_past.max()) > fits or int(draft_past.max()) > fits:
@@ -218,7 +242,9 @@ def measure(target: ModelSession, draft: ModelSession, rows: int, target_past: n
     drafts: list[float] = []
     verify: dict[int, list[float]] = {t: [] for t in lengths}
     one = np.zeros((rows, 1), np.int64)
-    for r in range(repeats + 1):                  # the first pass warms up
+    r, timed = 0, 0.0
+    while r <= repeats or (timed < TIMED_S and r <= MAX_PASSES):   # the first pass warms up
+        start = perf_counter()
         for t in lengths:
             for _ in range(t - 1):
                 t0 = perf_counter()
@@ -229,6 +255,9 @@ def measure(target: ModelSession, draft: ModelSession, rows: int, target_past: n
             target.forward_rows(np.zeros((rows, t), np.int64), target_past)
             if r:
                 verify[t].append(perf_counter() - t0)
+        if r:
+            timed += perf_counter() - start
+        r += 1
     times = np.maximum.accumulate([float(np.median(verify[t])) for t in lengths])
     return BatchCost(rows, float(np.median(drafts)) if drafts else 0.0,
                      tuple(zip(lengths, map(float, times))))
