@@ -66,7 +66,7 @@ class Drafter:
         self.from_prediction = 0               # ... of which the request's prediction's
         self.synced = True                     # the draft has seen every draft but the last
         # whether the draft model drafts for this row: a batch stops feeding a row whose
-        # draft is behind where catching up costs more than its drafts save (batch_cost.fed);
+        # draft is behind where catching up costs more than its drafts save (batch_cost.plan);
         # the row then drafts lookup's tokens only, which need no draft
         self.fed = True
         target_vocab, draft_vocab = vocab or (0, 0)

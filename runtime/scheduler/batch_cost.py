@@ -6,7 +6,7 @@ d(B) is a draft step and V(B, T) a verification of T tokens, each a call over B 
 timed on this machine in the loop's own pattern (draft steps, then a verification);
 α_b is sequence b's own acceptance. A row whose draft has not seen its tokens (a newcomer's
 prompt, rounds the batch did not draft) must prefill them first, which k = 0 never pays:
-`fed` drafts for it only where its tokens left × the batch's gain a token cover that prefill.
+`plan` drafts for it only where its tokens left × the batch's gain a token cover that prefill.
 docs/design.md §11.
 """
 from __future__ import annotations
