@@ -336,15 +336,15 @@ def _state_dict(tensors: dict[str, torch.Tensor], config: Eagle3Config, layout: 
 def _check_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor | None, config: Eagle3Config,
                      source: str) -> None:
     ids = torch.arange(config.draft_vocab_size) + d2t                # target ids (Vd,)
-    bad = (ids.min() < 0 or ids.max() >= config.vocab_size or ids.unique().numel() != ids.numel()
-           or (t2d is not None and (int(t2d.sum()) != config.draft_vocab_size
-                                    or not bool(t2d[ids.clamp(0, config.vocab_size - 1)].all())
-                                    )))
+    V = config.vocab_size
+    bad = ids.min() < 0 or ids.max() >= V or ids.unique().numel() != ids.numel()
+    if not bad and t2d is not None:     # t2d marks exactly the ids d2t reaches
+        bad = int(t2d.sum()) != config.draft_vocab_size or not bool(t2d[ids].all())
     if bad:
         raise ConfigError(f"EAGLE-3 head {source!r}: d2t does not map the "
                           f"{config.draft_vocab_size} draft ids to distinct target ids below "
-                          f"{config.vocab_size} that t2d marks. ---> HINT: the head's vocabulary map is corrupt or made for "
-                          f"another target.")
+                          f"{V} that t2d marks. ---> HINT: the head's vocabulary map is corrupt "
+                          f"or made for another target.")
 
 
 def _rope(c: Eagle3Config) -> Rope:
