@@ -179,8 +179,6 @@ class Eagle3Head(nn.Module):
         """(B, T, Vd) -> (B, T, V): draft id i lands at target id i + d2t[i], MASKED elsewhere
         (so q = 0 there after softmax, as for a draft's output_vocab.json, design §13)."""
         c = self.config
-        if c.draft_vocab_size == c.vocab_size and not bool(self.d2t.any()):
-            return logits_draft
         ids = torch.arange(c.draft_vocab_size, device=logits_draft.device) + self.d2t  # (Vd,)
         full = logits_draft.new_full((*logits_draft.shape[:-1], c.vocab_size), MASKED)
         return full.scatter(-1, ids.expand(*logits_draft.shape[:-1], -1), logits_draft)
