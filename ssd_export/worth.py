@@ -116,16 +116,16 @@ def measure_worth(root: Path, manifest: Manifest, tokenizer, heldout: tuple[list
         windows = heldout_ids(tokenizer, texts, vocab, manifest.max_context, WORTH_TOKENS,
                               "the pair's worth")
     except ConfigError as exc:
-        return _skipped(worth, str(exc).split(" ---> ")[0])
+        return skipped(worth, str(exc).split(" ---> ")[0])
     try:
         opened = open_backend(root, manifest, "auto", threads=placement(manifest))
     except (BackendError, *ort_errors()) as exc:
-        return _skipped(worth, f"the graphs did not open here: {_first_line(exc)}")
+        return skipped(worth, f"the graphs did not open here: {first_line(exc)}")
     target, draft = opened.target, opened.draft
     try:
         agree, total = agreement(target, draft, windows)
     except (BackendError, *ort_errors()) as exc:
-        return _skipped(worth, f"the graphs did not run here: {_first_line(exc)}")
+        return skipped(worth, f"the graphs did not run here: {first_line(exc)}")
     threads = f"{target.threads}:{draft.threads}" if opened.backend == "cpu" else ""
     worth = Worth(source, manifest.max_draft, agree / total, total, backend=opened.backend,
                   threads=threads)
@@ -133,7 +133,7 @@ def measure_worth(root: Path, manifest: Manifest, tokenizer, heldout: tuple[list
         cost = calibrate(target, draft, manifest.max_draft, repeats=REPEATS)
     except (BackendError, *ort_errors()) as exc:
         return replace(worth, note=f"the timing did not run on {opened.backend}: "
-                                   f"{_first_line(exc)}")
+                                   f"{first_line(exc)}")
     return replace(worth, cost=cost)
 
 
@@ -170,11 +170,11 @@ def _argmaxes(session: ModelSession, ids: np.ndarray) -> np.ndarray:
     return np.concatenate(picks)
 
 
-def _skipped(worth: Worth, why: str) -> Worth:
+def skipped(worth: Worth, why: str) -> Worth:
     return replace(worth, agreement=None, tokens=0, cost=None, note=why)
 
 
-def _first_line(exc: Exception) -> str:
+def first_line(exc: Exception) -> str:
     return (str(exc) or type(exc).__name__).splitlines()[0].split(" ---> ")[0]
 
 

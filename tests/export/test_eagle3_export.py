@@ -241,3 +241,34 @@ def test_what_a_head_does_not_have_yet_is_refused_by_the_cli(models, heads, tmp_
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and message in err[0] and "Traceback" not in err[0]
     assert not out.exists()
+
+
+def test_the_heads_worth_compares_the_right_rows(models, heads, bundles):
+    """ssd-export's worth check for a head: row t of the head (the target's features at t,
+    token x_{t+1}) against the target's argmax after x_{t+1}; both as Hugging Face and the
+    PyTorch head give them. And the bundle records the prediction."""
+    from ssd_export.head_worth import HeadSteps, picks
+    from transformers import AutoModelForCausalLM
+
+    bundle = bundles["speculators"]
+    m = read_manifest(bundle)
+    target = ort.InferenceSession(str(bundle / m.target.path), providers=["CPUExecutionProvider"])
+    head = ort.InferenceSession(str(bundle / m.draft.path), providers=["CPUExecutionProvider"])
+    ids = np.random.default_rng(1).integers(3, VOCAB, size=20)
+    wanted, drafted = picks(target, head, m, ids)
+    model = AutoModelForCausalLM.from_pretrained(models["llama"]).eval()
+    _, torch_head, _ = load_head(heads["speculators"],
+                                 embed_weight=model.get_input_embeddings().weight)
+    with torch.no_grad():
+        out = model(torch.from_numpy(ids[None]), output_hidden_states=True)
+        features = aux_hidden(out.hidden_states, (0, 1, 2))[:, :19]
+        logits, _, _ = torch_head(torch.from_numpy(ids[None, 1:]), torch_head.fuse(features),
+                                  torch.arange(19)[None])
+    assert np.array_equal(wanted, out.logits[0, 1:].argmax(-1).numpy())
+    assert np.array_equal(drafted, torch_head.target_logits(logits)[0].argmax(-1).numpy())
+    worth = m.pair_worth
+    assert worth["tokens"] > 16 and worth["alpha"] is not None and worth["c"] > 0
+    assert "first draft token" in worth["note"]
+    steps = HeadSteps(head, m.draft, 32)            # a drafting step after a prefill
+    steps.prefill(ids[:5])
+    assert steps.forward(ids[5:6], 5).shape == (1, VOCAB)
