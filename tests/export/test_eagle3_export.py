@@ -208,6 +208,8 @@ BAD = {
     "a truncated weight file": (dict(), {}, _truncate, "truncated or corrupt"),
     "an unknown speculators type": (dict(), {"speculators_model_type": "medusa"}, None,
                                     "speculators_model_type is 'medusa', not 'eagle3'"),
+    "an unknown layout": (dict(), {"architectures": ["Qwen3ForCausalLMEagle3"]}, None,
+                          "not an EAGLE-3 head in a known layout"),
     "no embedding and another width": (dict(embed=False), {}, None,
                                        "carries no embedding table and is 32 wide"),
 }
@@ -269,6 +271,7 @@ def test_the_heads_worth_compares_the_right_rows(models, heads, bundles):
     worth = m.pair_worth
     assert worth["tokens"] > 16 and worth["alpha"] is not None and worth["c"] > 0
     assert "first draft token" in worth["note"]
+    assert worth["text"].startswith("the target's greedy continuations of")
     steps = HeadSteps(head, m.draft, 32)            # a drafting step after a prefill
     steps.prefill(ids[:5])
     assert steps.forward(ids[5:6], 5).shape == (1, VOCAB)
