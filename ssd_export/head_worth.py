@@ -22,32 +22,33 @@ from ssd_runtime.scheduler.calibration import calibrate
 
 from .parity import ort_errors, run_with_features
 from .qtarget import heldout_ids
-from .worth import REPEATS, WORTH_TOKENS, Worth, first_line, skipped
+from .worth import REPEATS, WORTH_TOKENS, Worth, first_line, own_continuations, skipped
 
 NOTE = "α is the head's first draft token, teacher-forced on the target's features"
 
 
 def measure_head_worth(root: Path, manifest: Manifest, tokenizer,
-                       heldout: tuple[list[str], str]) -> Worth:
+                       heldout: tuple[list[str], str], own: bool = False) -> Worth:
     """What measure_worth gives for a model draft, for a head; never fails the export."""
-    texts, source = heldout
-    worth = Worth(text=source, max_draft=manifest.max_draft)
-    try:
-        windows = heldout_ids(tokenizer, texts, manifest.target.vocab_size, manifest.max_context,
-                              WORTH_TOKENS, "the pair's worth")
-    except ConfigError as exc:
-        return skipped(worth, str(exc).split(" ---> ")[0])
+    worth = Worth(text=heldout[1], max_draft=manifest.max_draft)
     cores = cpu_cores()
     try:
+        target = cpu_session("target", root, manifest, threads=cores)
+        texts, source = own_continuations(target, tokenizer, heldout, manifest) if own \
+            else heldout
+        worth = replace(worth, text=source)
+        windows = heldout_ids(tokenizer, texts, manifest.target.vocab_size, manifest.max_context,
+                              WORTH_TOKENS, "the pair's worth")
         target_graph = _session(root / manifest.target.path, cores)
         head = _session(root / manifest.draft.path, 1)
         agree, total = head_agreement(target_graph, head, manifest, windows)
+    except ConfigError as exc:
+        return skipped(worth, str(exc).split(" ---> ")[0])
     except (BackendError, *ort_errors()) as exc:
         return skipped(worth, f"the graphs did not run here: {first_line(exc)}")
     worth = Worth(source, manifest.max_draft, agree / total, total, backend="cpu",
                   threads=f"{cores}:1", note=NOTE)
     try:
-        target = cpu_session("target", root, manifest, threads=cores)
         cost = calibrate(target, HeadSteps(head, manifest.draft, manifest.max_context),
                          manifest.max_draft, repeats=REPEATS)
     except (BackendError, *ort_errors()) as exc:

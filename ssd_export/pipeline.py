@@ -31,7 +31,7 @@ from .parity import check_batch, check_parity, ort_errors
 from .qtarget import EXACT_QUANT_GRAPH, ORT_QUANT_NOTE, quantize_target, read_calibration
 from .quantize import BITS, check_request, draft_scheme, quantize_draft
 from .head_worth import measure_head_worth
-from .worth import measure_worth, own_continuations
+from .worth import measure_worth
 
 
 def export_bundle(config: ExportConfig) -> Manifest:
@@ -194,10 +194,8 @@ def export_bundle(config: ExportConfig) -> Manifest:
         manifest = replace(manifest, engines=export_engines(
             root, manifest, config.engines, config.engine_precision, log, config.output))
         with log.stage("the pair's worth: agreement on held-out text and a quick timing"):
-            text = heldout if config.calib else own_continuations(target.model,
-                                                                  target.tokenizer, heldout)
-            worth = (measure_worth if head is None else measure_head_worth)(
-                root, manifest, target.tokenizer, text)                       # design §6
+            worth = (measure_worth if head is None else measure_head_worth)(   # design §6
+                root, manifest, target.tokenizer, heldout, own=config.calib is None)
         log.print(worth.line())
         if head is None and (warning := worth.warning(manifest.draft.quant)):
             log.print(warning)

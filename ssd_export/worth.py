@@ -106,27 +106,29 @@ class Worth:
                 f"({LOOKUP})")
 
 
-def measure_worth(root: Path, manifest: Manifest, tokenizer, heldout: tuple[list[str], str]
-                  ) -> Worth:
+def measure_worth(root: Path, manifest: Manifest, tokenizer, heldout: tuple[list[str], str],
+                  own: bool = False) -> Worth:
     """Open the bundle's graphs (as written: quantized, with engines if built) the way the
-    runtime does, compare their argmax over the held-out text and time them. What cannot run
+    runtime does, compare their argmax over the held-out text and time them. `own`: the text
+    is the target graph's own continuations of the held-out texts' openings. What cannot run
     here (a graph this machine's ONNX Runtime refuses, too little held-out text) is skipped
     and said in `note`; it never fails the export."""
-    texts, source = heldout
-    worth = Worth(text=source, max_draft=manifest.max_draft)
-    vocab = min(manifest.target.vocab_size, manifest.draft.vocab_size)
-    try:
-        windows = heldout_ids(tokenizer, texts, vocab, manifest.max_context, WORTH_TOKENS,
-                              "the pair's worth")
-    except ConfigError as exc:
-        return skipped(worth, str(exc).split(" ---> ")[0])
+    worth = Worth(text=heldout[1], max_draft=manifest.max_draft)
     try:
         opened = open_backend(root, manifest, "auto", threads=placement(manifest))
     except (BackendError, *ort_errors()) as exc:
         return skipped(worth, f"the graphs did not open here: {first_line(exc)}")
     target, draft = opened.target, opened.draft
+    vocab = min(manifest.target.vocab_size, manifest.draft.vocab_size)
     try:
+        texts, source = own_continuations(target, tokenizer, heldout, manifest) if own \
+            else heldout
+        worth = replace(worth, text=source)
+        windows = heldout_ids(tokenizer, texts, vocab, manifest.max_context, WORTH_TOKENS,
+                              "the pair's worth")
         agree, total = agreement(target, draft, windows)
+    except ConfigError as exc:
+        return skipped(worth, str(exc).split(" ---> ")[0])
     except (BackendError, *ort_errors()) as exc:
         return skipped(worth, f"the graphs did not run here: {first_line(exc)}")
     threads = f"{target.threads}:{draft.threads}" if opened.backend == "cpu" else ""
@@ -140,25 +142,28 @@ def measure_worth(root: Path, manifest: Manifest, tokenizer, heldout: tuple[list
     return replace(worth, cost=cost)
 
 
-def own_continuations(model, tokenizer, heldout: tuple[list[str], str]
-                      ) -> tuple[list[str], str]:
+def own_continuations(target: ModelSession, tokenizer, heldout: tuple[list[str], str],
+                      manifest: Manifest) -> tuple[list[str], str]:
     """Held-out text from the target's own distribution, for a check without --calib: each
-    default text's first OWN_PROMPT_TOKENS tokens and the target's greedy continuation of
-    them (Hugging Face generate()), until WORTH_TOKENS tokens. A draft is asked to guess the
-    target's continuations, not human text: on a held-out Perl pair the docstrings predicted
-    1.31x where the bundle measured 2.00x (issue 48)."""
-    import torch
-
+    held-out text's first OWN_PROMPT_TOKENS tokens and the target graph's greedy continuation
+    of them (the deployed target, quantized or not; to its EOS at most), until WORTH_TOKENS
+    tokens. A draft is asked to guess the target's continuations, not human text: on a
+    held-out Perl pair the docstrings predicted 1.31x where the bundle measured 2.00x
+    (issue 48)."""
     texts, source = heldout
+    eos = set(manifest.tokenizer.eos_token_ids)
     written, total = [], 0
     for text in texts:
-        prompt = tokenizer(text, return_tensors="pt")["input_ids"][:, :OWN_PROMPT_TOKENS]
-        with torch.no_grad():
-            ids = model.generate(prompt, attention_mask=torch.ones_like(prompt),
-                                 do_sample=False, max_new_tokens=OWN_NEW_TOKENS,
-                                 pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
-        written.append(tokenizer.decode(ids[0], skip_special_tokens=True))
-        total += int(ids.shape[1])
+        ids = [int(t) for t in tokenizer(text)["input_ids"][:OWN_PROMPT_TOKENS]]
+        if len(ids) > 1:
+            target.prefill(np.asarray(ids[:-1], np.int64))
+        for _ in range(OWN_NEW_TOKENS):
+            logits = target.forward(np.asarray(ids[-1:], np.int64), len(ids) - 1)  # (1, V)
+            ids.append(int(np.asarray(logits[0]).argmax()))
+            if ids[-1] in eos:
+                break
+        written.append(tokenizer.decode(ids, skip_special_tokens=True))
+        total += len(ids)
         if total >= WORTH_TOKENS:
             break
     return written, f"the target's greedy continuations of {len(written)} openings of {source}"

@@ -142,10 +142,12 @@ def test_the_head_fed_the_targets_features_gives_the_pytorch_heads_logits(models
                                rtol=1e-4)
 
 
-def test_the_standard_graphs_pass_the_tensorrt_lint(bundles):
+def test_the_standard_and_static_graphs_pass_the_tensorrt_lint(bundles):
     m = read_manifest(bundles["speculators"])
-    for entry in (m.target, m.draft):
-        assert errors(lint_file(bundles["speculators"] / entry.path, entry.path)) == []
+    static = read_manifest(bundles["safeailab"]).draft
+    for bundle, entry in ((bundles["speculators"], m.target), (bundles["speculators"], m.draft),
+                          (bundles["safeailab"], static)):
+        assert errors(lint_file(bundle / entry.path, entry.path)) == [], entry.path
 
 
 def test_todays_runtime_still_opens_the_target(bundles):
