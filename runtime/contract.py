@@ -32,6 +32,15 @@ ROWS = "rows"
 ATTEND_ROWS = "attend_rows"
 
 
+# Feature-level draft heads (EAGLE-3; docs/design.md §14). A target exported with a head also
+# outputs AUX_HIDDEN (B, T, 3·H): the residual stream entering the head's three layers; the
+# head's graph reads FEATURES (B, T, 3·H) and HIDDEN (B, T, H), x = fc(features) + hidden,
+# and writes HIDDEN_OUT (B, T, H), which the next drafting step feeds back as HIDDEN.
+AUX_HIDDEN, FEATURES, HIDDEN, HIDDEN_OUT = "aux_hidden", "features", "hidden", "hidden_out"
+HEAD_INPUTS = (FEATURES, HIDDEN)
+EXTRA_OUTPUTS = (AUX_HIDDEN, HIDDEN_OUT)
+
+
 def in_place(graph: str) -> bool:
     """Whether the graph's caches are whole head-major buffers (B, Hkv, max_context, D) bound
     as both past_* and present_* (the ort and static flavours, and the ort target's rows
