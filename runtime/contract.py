@@ -32,15 +32,6 @@ ROWS = "rows"
 ATTEND_ROWS = "attend_rows"
 
 
-# Feature-level draft heads (EAGLE-3; docs/design.md §14). A target exported with a head also
-# outputs AUX_HIDDEN (B, T, 3·H): the residual stream entering the head's three layers; the
-# head's graph reads FEATURES (B, T, 3·H) and HIDDEN (B, T, H), x = fc(features) + hidden,
-# and writes HIDDEN_OUT (B, T, H), which the next drafting step feeds back as HIDDEN.
-AUX_HIDDEN, FEATURES, HIDDEN, HIDDEN_OUT = "aux_hidden", "features", "hidden", "hidden_out"
-HEAD_INPUTS = (FEATURES, HIDDEN)
-EXTRA_OUTPUTS = (AUX_HIDDEN, HIDDEN_OUT)
-
-
 def in_place(graph: str) -> bool:
     """Whether the graph's caches are whole head-major buffers (B, Hkv, max_context, D) bound
     as both past_* and present_* (the ort and static flavours, and the ort target's rows
@@ -155,6 +146,8 @@ def kv_output_names(i: int, graph: str = STANDARD) -> tuple[str, str]:
 AUX_HIDDEN, FEATURES, HIDDEN, HIDDEN_OUT = "aux_hidden", "features", "hidden", "hidden_out"
 MODEL, EAGLE3 = "model", "eagle3"        # ModelEntry.kind: a decoder model, or an EAGLE-3 head
 KINDS = (MODEL, EAGLE3)
+HEAD_INPUTS = (FEATURES, HIDDEN)          # beyond a model's inputs: the runtime's host buffers
+EXTRA_OUTPUTS = (AUX_HIDDEN, HIDDEN_OUT)  # ... and outputs (backends/ort.py)
 
 
 def head_graph(target_graph: str) -> str:
