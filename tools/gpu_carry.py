@@ -297,9 +297,10 @@ PREPARE = ("rm -rf /tmp/ssd-src && cp -a . /tmp/ssd-src && mkdir -p /tmp/ssd-gpu
            "< /dev/null &) && sleep 2 && head -5 /tmp/ssd-gpu/prepare.txt")
 FINAL = ("python3 tools/gpu_carry.py install 2>&1 | tee $OUT/install.txt && "
          "eval \"$(python3 tools/gpu_carry.py env)\" && "
-         "INSTALL=0 WORK=/tmp/ssd-gpu BUDGET=360 bash tools/gpu_check.sh $OUT/gpu_report.txt; "
+         "INSTALL=0 WORK=/tmp/ssd-gpu BUDGET=380 bash tools/gpu_check.sh $OUT/gpu_report.txt; "
          "rc=$?; cp /tmp/ssd-gpu/prepare.txt $OUT/ 2>/dev/null; tail -c 60000 "
-         "/tmp/ssd-gpu/prepare.log > $OUT/prepare_log.txt 2>/dev/null; exit $rc")
+         "/tmp/ssd-gpu/prepare.log > $OUT/prepare_log.txt 2>/dev/null; (cd /tmp/ssd-gpu && "
+         "tar -czf $OUT/bench_json.tgz *.json) 2>/dev/null; exit $rc")
 
 
 def _git(*args: str) -> str:
