@@ -113,6 +113,8 @@ def placement(graph: Path, backend: str) -> str:
     so = ort.SessionOptions()
     so.log_severity_level = 0
     providers = [(PROVIDERS["cuda"], {"use_tf32": 0})] if backend == "cuda" else []
+    if providers and hasattr(ort, "preload_dlls"):   # pip's CUDA libraries, as the backend does
+        ort.preload_dlls()
     with tempfile.TemporaryFile(mode="w+") as log:
         sys.stderr.flush()
         saved = os.dup(2)
