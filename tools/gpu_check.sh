@@ -166,6 +166,7 @@ section "models and exports (reused from WORK when there)"
 export HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error
 PAIR=examples/demo-pair
 DEMO="$WORK/demo-static"; QUANT="$WORK/demo-int8"; B135="$WORK/smollm2-135m-fp16"
+HEADB="$WORK/demo-head-static"
 demo_bundle() {
   export_once 300 "$DEMO" --target "$PAIR/target" --draft "$PAIR/draft" --max-context 1024 \
     --graph static --max-batch 8
@@ -173,6 +174,18 @@ demo_bundle() {
 quant_bundle() {
   export_once 600 "$QUANT" --target "$PAIR/target" --draft "$PAIR/draft" --max-context 1024 \
     --quant int8 --max-batch 8
+}
+head_bundle() {   # a random EAGLE-3 head (tests/tiny.py) on the demo target: the plumbing, not α
+  [ -f "$HEADB/manifest.json" ] || prepare_running || [ -f "$WORK/demo-head/config.json" ] \
+    || step 60 "random EAGLE-3 head for the demo target" "$PY" -c "
+import json, sys; sys.path.insert(0, 'tests'); import tiny; from pathlib import Path
+c = json.loads(Path('$PAIR/target/config.json').read_text())
+L = c['num_hidden_layers']
+tiny.build_eagle3_head(Path('$WORK/demo-head'), 'safeailab', target_hidden=c['hidden_size'],
+    vocab=c['vocab_size'], hidden=c['hidden_size'], draft_vocab=512, embed=False, seed=1,
+    layer_ids=(2, L // 2, L - 3), max_position_embeddings=c['max_position_embeddings'])"
+  export_once 300 "$HEADB" --target "$PAIR/target" --draft "$WORK/demo-head" \
+    --max-context 1024 --graph static --max-batch 8
 }
 b135_bundle() {
   local model
@@ -188,9 +201,9 @@ if prepare_running; then
   # the token checks (a, e) run beside the exports; the timings (b, d) wait for them to end
   say "the prepare stage (pid $(cat "$WORK/prepare.pid")) is still exporting: each step waits for its bundle"
 else
-  demo_bundle; quant_bundle; b135_bundle
+  demo_bundle; head_bundle; quant_bundle; b135_bundle
 fi
-"$PY" - "$DEMO" "$QUANT" "$B135" >> "$REPORT" 2>&1 <<'EOF'
+"$PY" - "$DEMO" "$HEADB" "$QUANT" "$B135" >> "$REPORT" 2>&1 <<'EOF'
 import json, sys
 from pathlib import Path
 for b in map(Path, sys.argv[1:]):
@@ -218,6 +231,11 @@ fi
 section "a. demo pair, static flavour: $BACKEND streams and batches of $ROWS against the cpu's k=0"
 demo_bundle
 step 150 "tokens: demo static on $BACKEND" "$PY" tools/gpu_tokens.py "$DEMO" --backend "$BACKEND" \
+  --rows "$ROWS" --k "$KS" --max-new-tokens "$TOKENS" --placement
+
+section "f. an EAGLE-3 head (static flavour) on the demo target: $BACKEND against the cpu's k=0"
+head_bundle
+step 120 "tokens: demo + head on $BACKEND" "$PY" tools/gpu_tokens.py "$HEADB" --backend "$BACKEND" \
   --rows "$ROWS" --k "$KS" --max-new-tokens "$TOKENS" --placement
 
 section "e. int8 target (static flavour, DequantizeLinear): $BACKEND against the cpu's k=0"
