@@ -379,7 +379,11 @@ class OrtCpuSession:
                                * np.dtype(self.logits_dtype).itemsize)
             else:
                 self.binding.bind_output(contract.LOGITS, self.device, self.device_id)
-        self._bound_len = n if self.in_place and logits_out and not logits_row else None
+        # on a GPU a host input is copied across when it is bound, not when the graph runs:
+        # its new values reach the device only by binding it again (an H200 showed every
+        # single sequence of a static bundle repeating one token when this was skipped)
+        self._bound_len = n if self.in_place and logits_out and not logits_row \
+            and self.device == "cpu" else None
         self._run_bound()
         if self.on_aux is not None:
             self.on_aux(slot, past_len, self.extra_out[contract.AUX_HIDDEN][:n])
