@@ -251,7 +251,7 @@ def test_the_heads_worth_compares_the_right_rows(models, heads, bundles):
     """ssd-export's worth check for a head: row t of the head (the target's features at t,
     token x_{t+1}) against the target's argmax after x_{t+1}; both as Hugging Face and the
     PyTorch head give them. And the bundle records the prediction."""
-    from ssd_export.head_worth import HeadSteps, picks
+    from ssd_export.head_worth import picks
     from transformers import AutoModelForCausalLM
 
     bundle = bundles["speculators"]
@@ -274,6 +274,3 @@ def test_the_heads_worth_compares_the_right_rows(models, heads, bundles):
     assert worth["tokens"] > 16 and worth["alpha"] is not None and worth["c"] > 0
     assert "first draft token" in worth["note"]
     assert worth["text"].startswith("the target's greedy continuations of")
-    steps = HeadSteps(head, m.draft, 32)            # a drafting step after a prefill
-    steps.prefill(ids[:5])
-    assert steps.forward(ids[5:6], 5).shape == (1, VOCAB)
