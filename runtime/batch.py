@@ -37,7 +37,9 @@ from . import cache
 from .errors import ConfigError
 from .request import GenerationResult, Request
 from .round.drafting import Drafter, Schedule
+from .round.lookup import Lookup
 from .round.loop import Loop, Row, Stats
+from .round.rules import Rule
 from .scheduler.batch_cost import (TIMED_S, BatchCost, LiveCost, measure, measure_prefill,
                                    plan)
 from .scheduler.learning import Acceptance
@@ -80,6 +82,9 @@ class Owner(Protocol):
                 **settings: Any) -> Request: ...
 
     def learnt(self, kind: str) -> Acceptance: ...
+
+    def drafter(self, rule: Rule, schedule: Schedule, lookup: Lookup | None,
+                slot: int) -> Drafter: ...
 
     def schedule(self, req: Request, own: bool = False) -> Schedule: ...
 
@@ -210,7 +215,7 @@ class Batch:
             schedule = self.gen.schedule(req, own=True)
             lookup = req.lookup()
             seq.row = Row(list(req.ids), req.rule, schedule,
-                          Drafter(self.draft, req.rule, schedule, self._vocab, lookup, slot),
+                          self.gen.drafter(req.rule, schedule, lookup, slot),
                           seq.stats, req.eos_ids, req.max_new_tokens, len(req.ids),
                           logprobs=req.logprobs)
             self.slots[slot] = seq
@@ -237,16 +242,15 @@ class Batch:
                 # nothing), or the row is not fed (its drafts would not save what this
                 # prefill costs, batch_cost.plan); a row's draft catches up when it first
                 # drafts (loop.py)
-                drafter = row.drafter
-                if row.schedule.uses_draft and self._cap != 0 and drafter.fed and \
-                        drafter.draft_len == row.target_len:
-                    t1 = perf_counter()
-                    self.draft.prefill(drafter.ids(chunk), drafter.draft_len, slot=row.slot)
-                    drafter.draft_len = row.target_len + len(chunk)
+                drafter, synced = row.drafter, row.drafter.caught_up(row.target_len)
+                row.target_len += len(chunk)
+                if row.schedule.uses_draft and (self._cap != 0 and synced and drafter.fed
+                                                or drafter.lagging(row.target_len)):
+                    t1, behind = perf_counter(), row.target_len - drafter.draft_len
+                    drafter.catch_up(row.seq, row.target_len)   # a head: its features (§14)
                     live = self._priced(max(s.slot for s in self._running()) + 1)
                     if live is not None:
-                        live.observe_prefill(len(chunk), perf_counter() - t1)
-                row.target_len += len(chunk)
+                        live.observe_prefill(behind, perf_counter() - t1)
                 budget -= len(chunk)
             seq.stats.seconds["prefill"] += perf_counter() - t0
             seq.prefilled = row.target_len == len(seq.req.ids) - 1

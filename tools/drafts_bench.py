@@ -57,6 +57,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--sources", default="fused",
+                   help="draft sources of the k > 0 rows, comma-separated: fused (the model's "
+                        "drafts and lookup's, by cost), model (the draft model's alone)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
 
@@ -70,7 +73,9 @@ def main(argv: list[str]) -> int:
     first_name = next(iter(bundles))
     if 0 not in ks:
         ks = [0, *ks]                              # every bundle's own target alone
-    configs = [(name, k, "model" if k == 0 else "fused") for name in bundles for k in ks]
+    sources = args.sources.split(",")
+    configs = [(name, k, source) for name in bundles for k in ks
+               for source in (["model"] if k == 0 else sources)]
     float_target = {name: _target_quant(path) == "none" for name, path in bundles.items()}
     if args.lookup:
         configs.append((first_name, "auto", "lookup"))

@@ -20,6 +20,7 @@ from typing import Iterator
 import numpy as np
 
 from ..backends.base import ModelSession
+from ..contract import PREFILL_CHUNK
 from .drafting import Drafter, Schedule, call
 from .logprobs import Logprobs
 from .rules import Rule
@@ -143,6 +144,8 @@ class Loop:
         most = self.max_context if span is None else \
             int(self.max_context - 1 - span[0].max())   # every row of a call writes past it
         for row in rows:
+            if row.drafter.lagging(row.target_len) and row.schedule.uses_draft:
+                row.drafter.catch_up(row.seq, row.target_len)   # a head's features (§14)
             k = row.schedule.next_k()
             if cap is not None:
                 k = min(k, cap)
@@ -196,7 +199,7 @@ class Loop:
         drafting, steps = [], 0
         for row in rows:
             if row.left:
-                row.feed = row.seq[row.drafter.draft_len:] + row.drafts
+                row.feed = row.drafter.feed(row.seq, row.drafts)
                 drafting.append(row)
         while drafting:
             if len(drafting) == 1:               # one call of its own, in its slot
@@ -230,7 +233,9 @@ class Loop:
         if len(row.feed) > self.draft.max_new_len:
             self._catch_up(row)
         feed = row.feed
+        drafter.fill(0, len(feed), len(feed))
         logits = call(self.draft.forward, drafter.ids(feed), drafter.draft_len, row.slot)
+        drafter.took(0, len(feed), len(feed) - 1)
         drafter.draft_len += len(feed)
         drafter.draft_calls += 1
         row.stats.draft_calls += 1
@@ -270,6 +275,8 @@ class Loop:
                     part = feed
                 ids[row.slot, :len(part)] = row.drafter.ids(part) if part else 0
                 real[row.slot] = len(part)
+                if part:
+                    row.drafter.fill(row.slot, step, len(part))
             logits = draft.forward_rows(ids, at, real)
         tops = draft.top_rows(slots)
         found = []
@@ -278,6 +285,7 @@ class Loop:
             top = None
             if tops is not None and last == logits.shape[1] - 1:
                 top = int(tops[0][row.slot]), float(tops[1][row.slot])  # the row's last's
+            row.drafter.took(row.slot, step, last)
             row.drafter.draft_len += len(row.feed)
             row.drafter.draft_calls += calls
             row.stats.draft_calls += calls
@@ -288,11 +296,10 @@ class Loop:
         """Prefill all of a row's draft feed but its last token (the draft skipped rounds: k =
         0, or a batch that did not feed it), timed apart in `caught_up`: a batch prices the
         draft's prefill apart from its steps (batch_cost.LiveCost)."""
-        drafter, ahead = row.drafter, row.feed[:-1]
+        ahead = row.feed[:-1]
         t0 = perf_counter()
-        call(self.draft.prefill, drafter.ids(ahead), drafter.draft_len, row.slot)
+        row.drafter.advance(ahead)
         self.caught_up.append((len(ahead), perf_counter() - t0))
-        drafter.draft_len += len(ahead)
         row.feed = row.feed[-1:]
 
     def _verify(self, rows: list[Row], span):
@@ -324,10 +331,12 @@ def decode(target: ModelSession, drafter: Drafter, rule: Rule, prompt: list[int]
     start = perf_counter()
     row = Row(list(prompt), rule, schedule, drafter, stats, eos_ids, max_new_tokens,
               len(prompt), logprobs=logprobs)
-    call(target.prefill, np.asarray(row.seq[:-1], np.int64), 0, row.slot)
-    row.target_len = len(row.seq) - 1
-    if schedule.uses_draft:
-        drafter.prefill(row.seq[:-1])        # else the draft catches up if it is ever used
+    prompt = np.asarray(row.seq[:-1], np.int64)
+    for at in range(0, len(prompt), PREFILL_CHUNK):     # chunk by chunk: a head reads the
+        call(target.prefill, prompt[at:at + PREFILL_CHUNK], at, row.slot)   # target's features
+        row.target_len = min(len(prompt), at + PREFILL_CHUNK)
+        if schedule.uses_draft:              # else the draft catches up if it is ever used
+            drafter.catch_up(row.seq, row.target_len)
     loop = Loop(target, drafter.draft)
     spent = stats.seconds
     spent["prefill"] = perf_counter() - start

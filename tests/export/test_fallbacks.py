@@ -23,7 +23,7 @@ def trace(monkeypatch, tmp_path: Path, ort_error: Exception | None):
     """_trace_checked under --graph auto, the ort trace raising `ort_error`."""
     graphs = []
 
-    def export_decoder(model, source, path, max_context, graph):
+    def export_decoder(model, source, path, max_context, graph, aux_layers=()):
         graphs.append(graph)
         if graph == "ort" and ort_error is not None:
             raise ort_error
