@@ -12,6 +12,9 @@ from ssd_runtime.errors import ConfigError
 from .data import Progress, Rows
 
 MIN_LAYERS = 7   # 2 < L//2 < L-3 are three distinct layers from L = 7 on
+# features are kept in float16; SmolLM2-135M's residual stream reaches ~25,000 on a few
+# "massive activation" channels (measured 2026-12-04), under float16's largest 65,504
+F16_MAX = 65504.0
 
 
 def aux_layer_ids(n_layers: int) -> list[int]:
@@ -70,7 +73,7 @@ def add_features(target, rows: Rows, layer_ids: list[int], batch: int, progress:
         ids = rows.ids[part, :w].to(device)                                # (B, w)
         states = target.base_model(input_ids=ids, output_hidden_states=True).hidden_states
         aux = torch.cat([states[i] for i in layer_ids], -1)                # (B, w, 3H)
-        out[part, :w] = aux.to("cpu", torch.float16)
+        out[part, :w] = aux.clamp(-F16_MAX, F16_MAX).to("cpu", torch.float16)
         done += int(lengths[part].sum())
         progress(done, total, f"{done / max(time.monotonic() - start, 1e-6):,.0f} tok/s")
     return Rows(**{**rows.as_dict(), "features": out})
