@@ -42,9 +42,13 @@ _KERNEL_WEIGHTS = ("fc1", "fc1_bias", "fc2", "fc2_bias")     # moe.kernel_weight
 
 class Decoder(nn.Module):
     def __init__(self, model: nn.Module, adapter: Adapter, flavour: str = contract.STANDARD,
-                 max_context: int = 0, source: str = "model") -> None:
+                 max_context: int = 0, source: str = "model",
+                 aux_layers: tuple[int, ...] = ()) -> None:
         super().__init__()
         self.flavour = flavour
+        # an EAGLE-3 head's features: the residual stream entering these layers, one more
+        # output (contract.AUX_HIDDEN) concatenated in this order (docs/design.md §14)
+        self.aux_layers = tuple(aux_layers)
         config = model.config
         a = self.adapter = adapter
         self.embed = get_path(model, a.embed)
@@ -117,7 +121,9 @@ class Decoder(nn.Module):
             alibi = alibi_bias(self.alibi_slopes, key_pos, dtype)
         q_scale = self._q_scale(position_ids, x.dtype)
         outputs: list[torch.Tensor] = []
+        entering: dict[int, torch.Tensor] = {}
         for i in range(len(self.layers)):
+            entering[i] = x
             bias = masks[self.windows[i]]
             if alibi is not None:                                   # Falcon scales it like q·k
                 bias = bias + (alibi * self.scalings[i] if a.alibi_scaled else alibi)
@@ -127,7 +133,13 @@ class Decoder(nn.Module):
                                           scatter_at=position_ids if static else None,
                                           live_rows=live_rows, packed=self._rows_packed(i))
             outputs += [new_k, new_v]
-        return (self._head(x), *outputs)
+        return (self._head(x), *outputs, *self._aux(entering))
+
+    def _aux(self, entering: dict[int, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """(aux_hidden (B, T, 3·Ht) float32,) from the streams entering each layer, or ()."""
+        if not self.aux_layers:
+            return ()
+        return (torch.cat([entering[i] for i in self.aux_layers], dim=-1).float(),)
 
     def _rows_packed(self, i: int) -> nn.Module | None:
         """The rows graph's layer i projects q, k, v with the ort flavour's packed weights
@@ -252,7 +264,9 @@ class Decoder(nn.Module):
             key: rope.tables(position_ids, x.dtype) for key, rope in self.ropes.items()}
         q_scale = self._q_scale(position_ids, x.dtype)
         outputs: list[torch.Tensor] = []
+        entering: dict[int, torch.Tensor] = {}
         for i in range(len(self.layers)):
+            entering[i] = x
             packed, key = self.packed[i], self.rope_keys[i]
             kernel_rotates = self.ort_rotary and key is not None
             cos, sin = (getattr(self, n).to(x.dtype) for n in self.ort_caches[key]) \
@@ -264,7 +278,7 @@ class Decoder(nn.Module):
                                               caches[2 * i], caches[2 * i + 1], self.scalings[i],
                                               None, o, q_scale)
             outputs += [cache_k, cache_v]
-        return (self._head(x), *outputs)
+        return (self._head(x), *outputs, *self._aux(entering))
 
     def _layer(self, i: int, x: torch.Tensor, rope: Rope | None, cos_sin,
                past_k: torch.Tensor, past_v: torch.Tensor, scaling: float,

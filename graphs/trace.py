@@ -35,12 +35,16 @@ class TracedModel:
     moe: str = "none"            # contract.MOES: how mixture-of-experts layers run
     tops: bool = False           # contract.TOP_ID / TOP_PROB follow the KV outputs (append_tops)
     moe_note: str = ""           # ... and at what cost, for a progress line
+    aux_layer_ids: tuple[int, ...] = ()   # contract.AUX_HIDDEN follows the KV outputs
 
 
 def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context: int,
-                   graph: str = contract.STANDARD) -> TracedModel:
-    """Write `path` (model.onnx plus external data) for `model` in that graph flavour."""
-    decoder = Decoder(model, adapter_for(model, source), graph, max_context, source).eval()
+                   graph: str = contract.STANDARD, aux_layers: tuple[int, ...] = ()
+                   ) -> TracedModel:
+    """Write `path` (model.onnx plus external data) for `model` in that graph flavour; with
+    `aux_layers`, an EAGLE-3 head's features as one more output (docs/design.md §14)."""
+    decoder = Decoder(model, adapter_for(model, source), graph, max_context, source,
+                      aux_layers).eval()
     check_rope_context(model, source, max_context)
     n_layers = len(decoder.layers)
     dtype = next(model.parameters()).dtype
@@ -76,7 +80,7 @@ def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context:
         program = torch.onnx.export(
             decoder, (ids, pos, *past), dynamo=True, opset_version=OPSET,
             input_names=contract.input_names(n_layers, graph),
-            output_names=contract.output_names(n_layers, graph),
+            output_names=contract.output_names(n_layers, graph, bool(aux_layers)),
             dynamic_shapes=shapes, verbose=False, **extra,
         )
         program.save(str(path), external_data=True)
@@ -86,7 +90,7 @@ def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context:
         head_dim=decoder.head_dim, vocab_size=model.config.vocab_size,
         kv_dtype=str(dtype).removeprefix("torch."),
         parameters=sum(p.numel() for p in model.parameters()), graph=graph,
-        moe=decoder.moe_kind, moe_note=decoder.moe_note,
+        moe=decoder.moe_kind, moe_note=decoder.moe_note, aux_layer_ids=tuple(aux_layers),
     )
 
 

@@ -132,6 +132,35 @@ def kv_output_names(i: int, graph: str = STANDARD) -> tuple[str, str]:
     return (present_key(i), present_value(i)) if in_place(graph) else (new_key(i), new_value(i))
 
 
+# EAGLE-3 heads (docs/design.md §14). A bundle whose draft is a head has a target whose
+# graphs (every flavour, and the ort target's rows graph) output AUX_HIDDEN (B, T, 3·Ht)
+# float32 after the KV outputs: the residual stream entering the head's aux layers
+# (ModelEntry.aux_layer_ids, in that order) for every row the call computes. The head's graph
+# (the draft entry, kind EAGLE3) reads INPUT_IDS (row t: token x_{t+1}), POSITION_IDS (= t),
+# FEATURES (B, T, 3·Ht) and HIDDEN (B, T, H), both float32, and one layer's cache; it computes
+# x = fc(features) + hidden (the caller passes zeros for the one a row does not use) and gives
+# LOGITS (B, T, V) over the target's vocabulary, the KV outputs, then HIDDEN_OUT (B, T, H),
+# which the next drafting step feeds back as HIDDEN. A head is never the ort flavour: it is
+# static beside an ort or static target (rows of different new_len batch in one call), standard
+# beside a standard one (TensorRT).
+AUX_HIDDEN, FEATURES, HIDDEN, HIDDEN_OUT = "aux_hidden", "features", "hidden", "hidden_out"
+MODEL, EAGLE3 = "model", "eagle3"        # ModelEntry.kind: a decoder model, or an EAGLE-3 head
+KINDS = (MODEL, EAGLE3)
+
+
+def head_graph(target_graph: str) -> str:
+    """The flavour of an EAGLE-3 head's graph beside a target of this flavour."""
+    return STANDARD if target_graph == STANDARD else STATIC
+
+
+def head_input_names() -> list[str]:
+    return [INPUT_IDS, POSITION_IDS, FEATURES, HIDDEN, past_key(0), past_value(0)]
+
+
+def head_output_names(graph: str) -> list[str]:
+    return [LOGITS, *kv_output_names(0, graph), HIDDEN_OUT]
+
+
 def input_names(num_layers: int, graph: str = STANDARD) -> list[str]:
     names = [INPUT_IDS, POSITION_IDS]
     for i in range(num_layers):
@@ -139,8 +168,9 @@ def input_names(num_layers: int, graph: str = STANDARD) -> list[str]:
     return names + ([ATTEND_ROWS] if graph == ROWS else [])
 
 
-def output_names(num_layers: int, graph: str = STANDARD) -> list[str]:
+def output_names(num_layers: int, graph: str = STANDARD, aux: bool = False) -> list[str]:
+    """Logits, each layer's KV outputs, then AUX_HIDDEN if the target feeds an EAGLE-3 head."""
     names = [LOGITS]
     for i in range(num_layers):
         names += kv_output_names(i, graph)
-    return names
+    return names + ([AUX_HIDDEN] if aux else [])

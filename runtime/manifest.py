@@ -15,7 +15,7 @@ from . import cache, contract
 from .errors import BundleError
 
 FORMAT = "ssd-bundle"
-SCHEMA_VERSION = 8          # 2: models carry "graph" (flavour); 1 reads as "standard"
+SCHEMA_VERSION = 9          # 2: models carry "graph" (flavour); 1 reads as "standard"
                             # 3: models carry "quant" (weights); 1 and 2 read as "none"
                             # 4: models carry "moe" (how MoE layers run); 1-3 read as "none"
                             # 5: tokenizer carries "special_tokens" (text), "split_special_tokens"
@@ -31,7 +31,17 @@ SCHEMA_VERSION = 8          # 2: models carry "graph" (flavour); 1 reads as "sta
                             #    rows of several new tokens in one call, contract.ROWS),
                             #    "rows_parity" and "rows_note" (why there is none); 1-7 read
                             #    as "": verifications of a batch run one row at a time
+                            # 9: models carry "kind" (contract.KINDS: the draft may be an EAGLE-3
+                            #    head), "aux_layer_ids" (the layers whose entering stream the
+                            #    target outputs as aux_hidden, and a head reads) and "head" (its
+                            #    settings, HEAD_FIELDS); 1-8 read as "model", [], {}
 MAX_BATCH = 64              # the batch axis' bound in the traced graphs (graphs/trace.py)
+# an EAGLE-3 head's settings in ModelEntry.head (docs/design.md §14): the published layout it
+# was read from ("safeailab" or "speculators"), its width H, the target's width Ht (features
+# are 3·Ht), its draft vocabulary, where its residual starts, and whose embedding table the
+# graph holds ("head": its own; "target": a copy of the target's)
+HEAD_FIELDS = ("layout", "hidden_size", "target_hidden_size", "draft_vocab_size",
+               "norm_before_residual", "embedding")
 MANIFEST_NAME = "manifest.json"
 _HINT = "---> HINT: re-run ssd-export to rebuild the bundle."
 
@@ -65,6 +75,13 @@ class ModelEntry:
     rows: str = ""
     rows_parity: dict[str, float] = field(default_factory=dict)
     rows_note: str = ""
+    # schema 9 (docs/design.md §14): a decoder "model" or an "eagle3" head (contract.KINDS;
+    # only a draft may be a head); the layers, in order, whose entering residual stream the
+    # target outputs as contract.AUX_HIDDEN and the head reads as its features ([]: none);
+    # the head's settings (HEAD_FIELDS; {} for a model)
+    kind: str = contract.MODEL
+    aux_layer_ids: list[int] = field(default_factory=list)
+    head: dict[str, Any] = field(default_factory=dict)
 
     @property
     def quant_form(self) -> str:
@@ -202,6 +219,7 @@ class Manifest:
             if entry.moe not in contract.MOES:
                 raise BundleError(f"{where}: models.{role}.moe is {entry.moe!r}, expected one "
                                   f"of {list(contract.MOES)}. {_HINT}")
+        _check_head(manifest, where)
         if not 1 <= manifest.max_batch <= MAX_BATCH:
             raise BundleError(f"{where}: max_batch is {manifest.max_batch}, expected 1 to "
                               f"{MAX_BATCH}. {_HINT}")
@@ -212,6 +230,36 @@ class Manifest:
                               f"--max-context of at least {manifest.max_draft + 2} or a smaller "
                               f"--max-draft.")
         return manifest
+
+
+def _check_head(manifest: Manifest, where: str) -> None:
+    """An EAGLE-3 draft and its target agree: the target outputs the features the head reads."""
+    target, draft = manifest.target, manifest.draft
+    for role, entry in (("target", target), ("draft", draft)):
+        if entry.kind not in contract.KINDS:
+            raise BundleError(f"{where}: models.{role}.kind is {entry.kind!r}, expected one of "
+                              f"{list(contract.KINDS)}. {_HINT}")
+        ids = entry.aux_layer_ids
+        if not isinstance(ids, list) or not all(isinstance(i, int) and i >= 0 for i in ids):
+            raise BundleError(f"{where}: models.{role}.aux_layer_ids is {ids!r}, expected a "
+                              f"list of layer numbers. {_HINT}")
+    if target.kind != contract.MODEL:
+        raise BundleError(f"{where}: models.target.kind is {target.kind!r}; a target is a "
+                          f"model. {_HINT}")
+    if draft.kind == contract.MODEL:
+        if target.aux_layer_ids or contract.AUX_HIDDEN in target.outputs:
+            raise BundleError(f"{where}: the target outputs {contract.AUX_HIDDEN} but the draft "
+                              f"is not an EAGLE-3 head. {_HINT}")
+        return
+    missing = [k for k in HEAD_FIELDS if k not in draft.head]
+    if (missing or len(draft.aux_layer_ids) != 3 or draft.aux_layer_ids != target.aux_layer_ids
+            or contract.AUX_HIDDEN not in target.outputs
+            or contract.HIDDEN_OUT not in draft.outputs):
+        raise BundleError(f"{where}: the draft is an EAGLE-3 head but the bundle does not "
+                          f"describe it whole (head fields missing: {missing}; aux layers: "
+                          f"target {target.aux_layer_ids}, head {draft.aux_layer_ids}; "
+                          f"{contract.AUX_HIDDEN} among the target's outputs: "
+                          f"{contract.AUX_HIDDEN in target.outputs}). {_HINT}")
 
 
 def _generation(data: Any) -> dict[str, Any]:

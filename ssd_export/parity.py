@@ -32,12 +32,15 @@ def ort_errors() -> tuple[type[Exception], ...]:
 
 def check_parity(model: Any, onnx_path: Path, role: str, max_draft: int, dtype: str,
                  max_context: int, seed: int = 0, graph: str = contract.STANDARD,
-                 session_config: dict[str, str] | None = None) -> dict[str, float]:
+                 session_config: dict[str, str] | None = None,
+                 aux_layers: tuple[int, ...] = ()) -> dict[str, float]:
     """Return the max abs differences per output; raise ParityError past tolerance.
 
     The "ort" and "static" flavours run as the runtime runs them: caches bound as both past
     and present.
     `session_config`: ONNX Runtime session config entries for the check's session.
+    `aux_layers`: the graph's contract.AUX_HIDDEN (an EAGLE-3 head's features) is checked
+    against Hugging Face's hidden_states at those layers (docs/design.md §14).
     """
     import onnxruntime as ort
     import torch
@@ -51,8 +54,13 @@ def check_parity(model: Any, onnx_path: Path, role: str, max_draft: int, dtype: 
     vocab = model.config.vocab_size
     ids = rng.integers(0, vocab, size=(1, total), dtype=np.int64)
     with torch.no_grad(), _reference_attention(model, role):
-        out = model(torch.from_numpy(ids), use_cache=True)
+        out = model(torch.from_numpy(ids), use_cache=True, output_hidden_states=bool(aux_layers))
     ref_logits = out.logits.float().numpy()                                  # (1, S, V)
+    ref_aux = None
+    if aux_layers:
+        from ssd_graphs.eagle3 import aux_hidden
+
+        ref_aux = aux_hidden(out.hidden_states, aux_layers).float().numpy()   # (1, S, 3·Ht)
     if not np.isfinite(ref_logits).all():
         raise ConfigError(f"{role} model gives non-finite logits (inf or NaN) in Hugging Face "
                           f"itself in {dtype}: its activations overflow that dtype, so no graph "
@@ -67,16 +75,18 @@ def check_parity(model: Any, onnx_path: Path, role: str, max_draft: int, dtype: 
         opts.add_session_config_entry(key, value)
     session = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
     n_layers = _layers(session)
-    worst: dict[str, float] = {"logits": 0.0, "new_key": 0.0, "new_value": 0.0}
+    worst: dict[str, float] = {"logits": 0.0, "new_key": 0.0, "new_value": 0.0,
+                               **({contract.AUX_HIDDEN: 0.0} if aux_layers else {})}
     abs_tol, rel_tol = _TOLERANCE[dtype]
     for past_len, new_len in cases:
         if contract.in_place(graph):
-            logits, kv = _run_in_place(session, ids, past_len, new_len, n_layers, dtype, total)
+            logits, kv, aux = _run_in_place(session, ids, past_len, new_len, n_layers, dtype,
+                                            total)
         else:
             past = _run(session, ids[:, :past_len], 0, None, n_layers, dtype)[1] \
                 if past_len else None
-            logits, kv = _run(session, ids[:, past_len:past_len + new_len], past_len, past,
-                              n_layers, dtype)
+            logits, kv, aux = _run(session, ids[:, past_len:past_len + new_len], past_len,
+                                   past, n_layers, dtype)
         ref = ref_logits[:, past_len:past_len + new_len]
         diffs = {"logits": float(np.abs(logits - ref).max())}
         for name, j in (("new_key", 0), ("new_value", 1)):
@@ -86,6 +96,18 @@ def check_parity(model: Any, onnx_path: Path, role: str, max_draft: int, dtype: 
             if found:
                 diffs[name] = max(found)
         limit = abs_tol + rel_tol * float(np.abs(ref).max())
+        if ref_aux is not None:     # the features, held to their own scale
+            ref_rows = ref_aux[:, past_len:past_len + new_len]
+            aux_diff = np.inf if aux is None else float(np.abs(aux - ref_rows).max())
+            aux_limit = abs_tol + rel_tol * float(np.abs(ref_rows).max())
+            diffs[contract.AUX_HIDDEN] = aux_diff
+            if not aux_diff <= aux_limit:
+                raise ParityError(f"{role} graph {onnx_path}: its {contract.AUX_HIDDEN} differs "
+                                  f"from Hugging Face's hidden_states at layers "
+                                  f"{list(aux_layers)} (past_len={past_len}, new_len={new_len}): "
+                                  f"max |diff| {aux_diff:.3g} (limit {aux_limit:.3g}). ---> HINT: "
+                                  f"please report it with the model's config.json.")
+            limit = max(limit, aux_limit)
         # NaN compares False against any limit: a non-finite difference is a failure itself
         if not np.isfinite(list(diffs.values())).all() or diffs["logits"] > limit \
                 or max(diffs.values()) > max(limit, 10 * abs_tol):
@@ -124,7 +146,8 @@ def _run(session, ids: np.ndarray, past_len: int, past: list[np.ndarray] | None,
         else:
             feeds[contract.past_key(i)], feeds[contract.past_value(i)] = past[2 * i], past[2 * i + 1]
     outputs = session.run(None, feeds)
-    return outputs[0].astype(np.float32), outputs[1:]
+    aux = outputs.pop(-1) if _has_aux(session) else None
+    return outputs[0].astype(np.float32), outputs[1:], aux
 
 
 def _run_in_place(session, ids: np.ndarray, past_len: int, new_len: int, n_layers: int,
@@ -144,6 +167,8 @@ def _run_in_place(session, ids: np.ndarray, past_len: int, new_len: int, n_layer
         binding.bind_cpu_input(contract.INPUT_IDS, np.ascontiguousarray(ids[:, start:stop]))
         binding.bind_cpu_input(contract.POSITION_IDS, np.arange(start, stop)[None])
         binding.bind_output(contract.LOGITS)
+        if _has_aux(session):
+            binding.bind_output(contract.AUX_HIDDEN)
         if contract.ATTEND_ROWS in {i.name for i in session.get_inputs()}:   # the rows graph
             binding.bind_cpu_input(contract.ATTEND_ROWS, np.arange(stop, dtype=np.int64))
         for i in range(n_layers):
@@ -154,9 +179,15 @@ def _run_in_place(session, ids: np.ndarray, past_len: int, new_len: int, n_layer
                 for name, bind in ((past, binding.bind_input), (present, binding.bind_output)):
                     bind(name, "cpu", 0, kv_dtype, cache.shape, cache.ctypes.data)
         session.run_with_iobinding(binding)
-        logits = binding.copy_outputs_to_cpu()[0]
+        outputs = binding.copy_outputs_to_cpu()          # in binding order: logits, [aux]
+        logits, aux = outputs[0], (outputs[1] if _has_aux(session) else None)
     new_rows = [c[:, :, past_len:past_len + new_len].transpose(0, 2, 1, 3) for c in caches]
-    return logits.astype(np.float32), new_rows
+    return logits.astype(np.float32), new_rows, aux
+
+
+def _has_aux(session) -> bool:
+    """Whether the graph's last output is contract.AUX_HIDDEN (a target beside a head)."""
+    return session.get_outputs()[-1].name == contract.AUX_HIDDEN
 
 
 def _hf_cache(cache: Any, total: int) -> list[tuple[int, np.ndarray, np.ndarray]] | None:

@@ -21,6 +21,7 @@ from ssd_runtime.manifest import MAX_BATCH, Manifest, ModelEntry, TokenizerEntry
 
 from . import rows
 from .bundle import check_output, finish_manifest, staging
+from .eagle3 import check_head_request, head_entry, is_head, read_head, trace_head
 from .config import DEFAULT_MAX_CONTEXT, ExportConfig
 from .engines import export_engines, require_tensorrt
 from .loading import LoadedModel, check_architecture, load_model
@@ -29,7 +30,7 @@ from .pair import (added_ids, chat_template, check_vocabularies, eos_ids,
 from .parity import check_batch, check_parity, ort_errors
 from .qtarget import EXACT_QUANT_GRAPH, ORT_QUANT_NOTE, quantize_target, read_calibration
 from .quantize import BITS, check_request, draft_scheme, quantize_draft
-from .worth import measure_worth
+from .worth import Worth, measure_worth
 
 
 def export_bundle(config: ExportConfig) -> Manifest:
@@ -48,7 +49,11 @@ def export_bundle(config: ExportConfig) -> Manifest:
                           f"max_draft + 1 tokens). ---> HINT: raise --max-context or lower "
                           f"--max-draft.")
     check_architecture(config.target, "target")
-    check_architecture(config.draft, "draft")
+    head_draft = is_head(config.draft)       # an EAGLE-3 head in a published layout (§14)
+    if head_draft:
+        check_head_request(config)
+    else:
+        check_architecture(config.draft, "draft")
     if config.engines == "trt":          # fail before any work, and write nothing
         if config.graph == contract.ORT:
             raise ConfigError("--graph ort cannot go with --engines trt: TensorRT takes only "
@@ -81,10 +86,17 @@ def export_bundle(config: ExportConfig) -> Manifest:
 
     with log.stage("load models and tokenizers"):
         target = load_model(config.target, "target", config.dtype)
-        draft = load_model(config.draft, "draft", config.dtype)
+        draft = None if head_draft else load_model(config.draft, "draft", config.dtype)
     with log.stage("check the pair"):
-        check_vocabularies(target.tokenizer, draft.tokenizer)
-        max_context = _max_context(config, target, draft)
+        if draft is None:       # read, and checked against the target, before any writing
+            head = read_head(config.draft, target.model)
+            log.print(f"    draft: an EAGLE-3 head ({head.layout} layout) reading the target's "
+                      f"layers {list(head.config.aux_layer_ids)}, "
+                      f"{head.config.draft_vocab_size} draft tokens")
+        else:
+            head = None
+            check_vocabularies(target.tokenizer, draft.tokenizer)
+        max_context = _max_context(config, *(m for m in (target, draft) if m is not None))
         prefix, suffix = added_ids(target.tokenizer)
         generation, unapplied = generation_defaults(target.model)
         if unapplied:
@@ -102,9 +114,15 @@ def export_bundle(config: ExportConfig) -> Manifest:
                       f"generation_config.json to stop there")
     with staging(config.output, config.force) as root:
         traced, parity = {}, {}
-        for loaded in (target, draft):
-            traced[loaded.role], parity[loaded.role] = _trace_checked(
-                loaded, root / loaded.role / "model.onnx", max_context, config, graph, log)
+        aux = head.config.aux_layer_ids if head is not None else ()
+        traced["target"], parity["target"] = _trace_checked(
+            target, root / "target" / "model.onnx", max_context, config, graph, log, aux)
+        if head is not None:
+            traced["draft"], parity["draft"] = trace_head(
+                head, root / "draft" / "model.onnx", max_context, config, traced["target"], log)
+        else:
+            traced["draft"], parity["draft"] = _trace_checked(
+                draft, root / "draft" / "model.onnx", max_context, config, graph, log)
         rows_note = rows.refusal(traced["target"], config.max_batch)
         rows_trace, rows_parity = None, {}
         if not rows_note:       # the rows graph, traced and checked while the target is float
@@ -137,19 +155,23 @@ def export_bundle(config: ExportConfig) -> Manifest:
                         rows_file, rows_parity = "", {}
                         rows_note = f"refused: {str(exc).splitlines()[0]}"
                         log.print(f"    target: no rows graph ({rows_note})")
-        quant, agreement = quantize_draft(traced["draft"], config.draft_quant, config.dtype,
-                                          max_context, log, follow=target_quant)
+        quant, agreement = (contract.NO_QUANT, None) if head is not None else quantize_draft(
+            traced["draft"], config.draft_quant, config.dtype, max_context, log,
+            follow=target_quant)
         with log.stage("write heads and tokenizer"):
             heads = {name: f"heads/{file}" for name, file in write_heads(root / "heads").items()}
             target.tokenizer.save_pretrained(root / "tokenizer")
         manifest = Manifest(
             max_context=max_context, max_draft=config.max_draft,
             target=replace(_entry(root, target, traced["target"], parity["target"]),
+                           aux_layer_ids=list(aux),
                            quant=target_quant,
                            quant_scheme=scheme.as_dict() if scheme else {},
                            quant_quality=quality.as_dict() if quality else {},
                            rows=rows_file, rows_parity=rows_parity, rows_note=rows_note),
-            draft=replace(_entry(root, draft, traced["draft"], parity["draft"]), quant=quant,
+            draft=head_entry(root, head, traced["draft"], parity["draft"])
+            if head is not None else
+            replace(_entry(root, draft, traced["draft"], parity["draft"]), quant=quant,
                           quant_agreement=agreement,
                           quant_scheme=draft_scheme(quant, traced["draft"].graph).as_dict()
                           if quant in BITS else {}),
@@ -166,11 +188,14 @@ def export_bundle(config: ExportConfig) -> Manifest:
         if config.max_batch > 1:
             with log.stage("check batches of rows at their own lengths"):
                 manifest = _check_rows_batch(root, manifest, log)
-                check_batch(root, manifest, "draft")
+                if head is None:        # a head's batch: head_parity's third call
+                    check_batch(root, manifest, "draft")
         manifest = replace(manifest, engines=export_engines(
             root, manifest, config.engines, config.engine_precision, log, config.output))
         with log.stage("the pair's worth: agreement on held-out text and a quick timing"):
-            worth = measure_worth(root, manifest, target.tokenizer, heldout)   # design §6
+            worth = measure_worth(root, manifest, target.tokenizer, heldout) if head is None \
+                else Worth(text=heldout[1], max_draft=config.max_draft,
+                           note="an EAGLE-3 head's worth is not measured yet")   # design §6
         log.print(worth.line())
         if warning := worth.warning(manifest.draft.quant):
             log.print(warning)
@@ -242,19 +267,22 @@ def choose_graph(config: ExportConfig) -> tuple[str, str]:
 
 
 def _trace_checked(loaded: LoadedModel, path: Path, max_context: int, config: ExportConfig,
-                   graph: str, log) -> tuple[TracedModel, dict[str, float]]:
-    """Trace and check one model. With --graph auto a model the ort flavour cannot express or
-    reproduce (ALiBi, a graph ONNX Runtime refuses, a parity failure) falls back to the
-    standard graph, saying why; any other exception is a bug and propagates."""
+                   graph: str, log, aux: tuple[int, ...] = ()
+                   ) -> tuple[TracedModel, dict[str, float]]:
+    """Trace and check one model (`aux`: a head's feature layers, one more output). With
+    --graph auto a model the ort flavour cannot express or reproduce (ALiBi, a graph ONNX
+    Runtime refuses, a parity failure) falls back to the standard graph, saying why; any
+    other exception is a bug and propagates."""
     role = loaded.role
     try:
         with log.stage(f"trace the {role} ({loaded.architecture}, {graph} graph)"):
-            traced = export_decoder(loaded.model, loaded.source, path, max_context, graph)
+            traced = export_decoder(loaded.model, loaded.source, path, max_context, graph, aux)
         if traced.moe_note:
             log.print(f"    {role}: {traced.moe_note}")
         with log.stage(f"parity of the {role} against Hugging Face"):
             return traced, check_parity(loaded.model, traced.path, role, config.max_draft,
-                                        config.dtype, max_context, graph=graph)
+                                        config.dtype, max_context, graph=graph,
+                                        aux_layers=aux)
     except (SsdError, *ort_errors()) as exc:   # a refusal (ours or ONNX Runtime's), a parity
         # failure: the standard graph is tried next, or it re-raises; anything else is a bug
         if graph == contract.STANDARD or config.graph != "auto":
@@ -262,7 +290,7 @@ def _trace_checked(loaded: LoadedModel, path: Path, max_context: int, config: Ex
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         log.print(f"    {role}: the ort flavour does not fit ({why}); using the standard graph")
         shutil.rmtree(path.parent, ignore_errors=True)
-        return _trace_checked(loaded, path, max_context, config, contract.STANDARD, log)
+        return _trace_checked(loaded, path, max_context, config, contract.STANDARD, log, aux)
 
 
 def _trace_rows(loaded: LoadedModel, traced: TracedModel, max_context: int,
@@ -274,7 +302,8 @@ def _trace_rows(loaded: LoadedModel, traced: TracedModel, max_context: int,
             path = rows.trace_rows(export_decoder, loaded, traced, max_context)
         with log.stage("parity of the rows graph against Hugging Face"):
             parity = check_parity(loaded.model, path, "target rows", config.max_draft,
-                                  config.dtype, max_context, graph=contract.ROWS)
+                                  config.dtype, max_context, graph=contract.ROWS,
+                                  aux_layers=traced.aux_layer_ids)
         return path, parity, ""
     except (SsdError, *ort_errors()) as exc:
         rows.drop(traced.path.parent)
@@ -346,7 +375,7 @@ def _entry(root: Path, loaded: LoadedModel, traced: TracedModel,
         num_kv_heads=traced.num_kv_heads, head_dim=traced.head_dim,
         vocab_size=traced.vocab_size, kv_dtype=traced.kv_dtype, logits_dtype="float32",
         inputs=contract.input_names(traced.num_layers),
-        outputs=contract.output_names(traced.num_layers, traced.graph)
+        outputs=contract.output_names(traced.num_layers, traced.graph, bool(traced.aux_layer_ids))
         + ([contract.TOP_ID, contract.TOP_PROB] if traced.tops else []),
         parameters=traced.parameters, parity=parity, graph=traced.graph, moe=traced.moe)
 

@@ -33,7 +33,7 @@ def trace_rows(export, loaded, target: TracedModel, max_context: int) -> Path:
     """Trace the float rows graph into a folder beside the target's graph (before the target's
     weights are quantized: `export` is graphs.trace.export_decoder)."""
     path = target.path.parent / _TRACE / "model.onnx"
-    export(loaded.model, loaded.source, path, max_context, contract.ROWS)
+    export(loaded.model, loaded.source, path, max_context, contract.ROWS, target.aux_layer_ids)
     return path
 
 
