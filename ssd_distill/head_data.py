@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from ssd_graphs.eagle3 import Eagle3Config, aux_hidden
 from ssd_runtime.errors import ConfigError
 
 from .data import Progress, Rows
@@ -21,7 +22,7 @@ def aux_layer_ids(n_layers: int) -> list[int]:
     """The layers whose input (the residual stream entering them) the head reads: 2, L//2 and
     L-3, SafeAILab's and vLLM's convention (eagle/traineagle3/modeling_llama_kv.py). Hugging
     Face's `hidden_states[l]` is exactly that stream: index 0 is the embeddings."""
-    return [2, n_layers // 2, n_layers - 3]
+    return list(Eagle3Config.default_aux_layer_ids(n_layers))
 
 
 def check_layers(layer_ids: list[int], n_layers: int, target: str) -> None:
@@ -72,7 +73,7 @@ def add_features(target, rows: Rows, layer_ids: list[int], batch: int, progress:
         w = int(lengths[part].max())
         ids = rows.ids[part, :w].to(device)                                # (B, w)
         states = target.base_model(input_ids=ids, output_hidden_states=True).hidden_states
-        aux = torch.cat([states[i] for i in layer_ids], -1)                # (B, w, 3H)
+        aux = aux_hidden(states, tuple(layer_ids))                         # (B, w, 3H)
         out[part, :w] = aux.clamp(-F16_MAX, F16_MAX).to("cpu", torch.float16)
         done += int(lengths[part].sum())
         progress(done, total, f"{done / max(time.monotonic() - start, 1e-6):,.0f} tok/s")
