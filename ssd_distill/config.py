@@ -128,6 +128,11 @@ class DistillConfig:
         if self.kind == "head" and self.bundle is not None:
             raise ConfigError("--bundle applies to a draft. ---> HINT: export the head with "
                               "ssd-export --target TARGET --draft HEAD_FOLDER.")
+        if self.kind == "head" and (self.layers is not None or self.loss != "mix"
+                                    or self.init != "spread"):
+            raise ConfigError("--layers, --loss and --init shape a draft; a head is one layer "
+                              "trained on SafeAILab's loss (docs/distill.md §8). ---> HINT: "
+                              "drop them with --kind head.")
         if self.ttt_steps is not None and self.kind != "head":
             raise ConfigError("--ttt-steps applies to --kind head only. ---> HINT: drop it, or "
                               "add --kind head.")

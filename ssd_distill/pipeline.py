@@ -80,13 +80,14 @@ def _distill(config: DistillConfig, preset: Preset, target, tokenizer, prompts: 
              texts: list[str], out: Path, work: Path, log: "Log") -> dict:
     t0 = log.t0
     log.stage("the target answers prompts and labels text")
-    train_rows, held_rows, data_info = target_rows(config, preset, target, tokenizer, prompts, texts,
-                                             work, log)
+    train_rows, held_rows, data_info = target_rows(config, preset, target, tokenizer, prompts,
+                                                   texts, work, log)
     check_enough(train_rows, preset, config.preset)
 
     log.stage("the draft's output vocabulary and layers")
     vocab = int(target.config.vocab_size)
-    keep = sorted({int(t) for t in [*eos_ids(target), *tokenizer.all_special_ids] if 0 <= t < vocab})
+    keep = sorted({int(t) for t in [*eos_ids(target), *tokenizer.all_special_ids]
+                   if 0 <= t < vocab})
     ids = output_vocab(train_rows.argmax, train_rows.top_ids, train_rows.mask, vocab,
                        preset.head_tokens, keep)
     ids_t = None if ids is None else torch.tensor(ids)
@@ -225,7 +226,8 @@ def check_paths(config: DistillConfig, out: Path, work: Path) -> None:
 
 def run_key(config: DistillConfig) -> dict:
     return {"target": str(Path(config.target).absolute()) if Path(config.target).exists()
-            else config.target, "kind": config.kind, "preset": config.preset, "settings": asdict(config.settings),
+            else config.target, "kind": config.kind, "preset": config.preset,
+            "settings": asdict(config.settings),
             "data": [str(p.absolute()) for p in config.data],
             "prompts": str(config.prompts.absolute()) if config.prompts else None,
             "seed": config.seed, "loss": config.loss, "init": config.init}

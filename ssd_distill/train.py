@@ -103,7 +103,8 @@ def train(model: torch.nn.Module, params: list[torch.nn.Parameter], rows: Rows,
             opt.zero_grad(set_to_none=True)
             step += 1
             tokens += batch.positions
-            loss_ema = value.item() if math.isnan(loss_ema) else 0.95 * loss_ema + 0.05 * value.item()
+            loss_ema = value.item() if math.isnan(loss_ema) else \
+                0.95 * loss_ema + 0.05 * value.item()
             elapsed = seconds_before + time.monotonic() - start
             progress(step, steps, f"loss {loss_ema:.3f}, {tokens / max(elapsed, 1e-6):,.0f} tok/s")
             if time.monotonic() - last_save > CHECKPOINT_S or step == steps:

@@ -188,4 +188,6 @@ def test_refusals(models, deep_target, trained, tmp_path):
                        r"no interrupted run at .*h.partial.*drop --resume")
     assert_clean_error(head_cli(deep_target, out, "--ttt-steps", 0), "ssd-distill",
                        r"--ttt-steps 0 must be positive")
+    assert_clean_error(head_cli(deep_target, out, "--loss", "kl"), "ssd-distill",
+                       r"--layers, --loss and --init shape a draft.*drop them")
     assert not out.exists() and not (tmp_path / "h.partial").exists()
