@@ -28,7 +28,8 @@ layers {card['layers']}, its embeddings (and {head}) the target's, frozen. It sh
 target's tokenizer and chat template: `ssd-export --target TARGET --draft THIS_FOLDER`.
 
 ## Training
-- data: the target's own answers to {d['answered']} prompts ({d['prompt_source']}; a quarter
+- data: the target's own answers to {d['answered']} of {d['asked']} prompts
+  ({d['prompt_source']}; fewer when the answer budget was hit; a quarter
   sampled at temperature 1, the rest greedy; {d['answer_positions']:,} positions,
   {d['answer_seconds']} s at {d['answer_tokens_per_s']} tok/s) and {d['text_positions']:,}
   positions of {d['text_files']} text file(s), each labelled with the target's top-{s['top_k']}
@@ -73,7 +74,8 @@ that load SafeAILab's EAGLE-3 heads (vLLM, SGLang, TensorRT-LLM) take it as it i
   `ssd-export`'s worth check and `ssd-bench` measure c)
 
 ## Training
-- data: the target's own answers to {d['answered']} prompts ({d['prompt_source']}; a quarter
+- data: the target's own answers to {d['answered']} of {d['asked']} prompts
+  ({d['prompt_source']}; fewer when the answer budget was hit; a quarter
   sampled at temperature 1, the rest greedy; {d['answer_positions']:,} positions) and
   {d['text_positions']:,} positions of {d['text_files']} text file(s), each labelled with the
   target's top-{s['top_k']} log-probs; its features teacher-forced in {card['feature_seconds']} s
@@ -87,7 +89,8 @@ that load SafeAILab's EAGLE-3 heads (vLLM, SGLang, TensorRT-LLM) take it as it i
 ## Measured
 - teacher-forced top-1 agreement with the target on {h['positions']:,} positions of its answers
   to {d['heldout_prompts']} held-out prompts, each drafting step fed the head's own previous
-  output: {steps}
+  output: {steps} (the target's argmax is in the draft vocabulary at
+  {h['draft_vocab_coverage']:.1%} of them: the most any step can reach)
 
 ## Reproduce
 `{command}`

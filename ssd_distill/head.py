@@ -133,8 +133,10 @@ def _distill_head(config: DistillConfig, preset: Preset, target, tokenizer, prom
     log.stage("held-out agreement")
     per_step = agreement(head, held_rows, preset.ttt_steps, preset.batch, device)
     rates = [round(a / max(n, 1), 4) for a, n in per_step]
+    reach = float(t2d[held_rows.argmax[held_rows.mask]].float().mean())   # the most it can get
     log.line("teacher-forced top-1 agreement on held-out answers, step by step: "
-             + ", ".join(f"{r:.3f}" for r in rates) + f" ({per_step[0][1]:,} positions)")
+             + ", ".join(f"{r:.3f}" for r in rates) + f" ({per_step[0][1]:,} positions; the "
+             f"target's argmax is in the draft vocabulary at {reach:.1%} of them)")
 
     head_dir = work / "head"
     shutil.rmtree(head_dir, ignore_errors=True)
@@ -155,6 +157,7 @@ def _distill_head(config: DistillConfig, preset: Preset, target, tokenizer, prom
         "bytes": (head_dir / "model.safetensors").stat().st_size,
         "data": data_info, "feature_seconds": feature_s, "train": asdict(result),
         "heldout": {"positions": per_step[0][1], "agreement": rates,
+                    "draft_vocab_coverage": round(reach, 4),
                     "counts": [list(c) for c in per_step]},
         "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
