@@ -235,9 +235,13 @@ def is_head(folder: str | Path) -> bool:
         d = json.loads(path.read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(d, dict) and (SAFEAILAB_ARCHITECTURE in (d.get("architectures") or [])
-                                    or d.get("speculators_model_type") is not None
-                                    or SPECULATORS_ARCHITECTURE in (d.get("architectures") or []))
+    if not isinstance(d, dict):
+        return False
+    # SafeAILab's architecture (or any "...Eagle3" one, refused by name in head_layout), a
+    # speculators model, or SafeAILab's training config: LlamaForCausalLM with draft_vocab_size
+    archs = [str(a) for a in d.get("architectures") or []]
+    return (any("Eagle3" in a for a in archs) or d.get("speculators_model_type") is not None
+            or "draft_vocab_size" in d)
 
 
 def read_head_config(folder: Path) -> dict[str, Any]:

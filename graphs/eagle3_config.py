@@ -96,8 +96,9 @@ def head_layout(d: dict[str, Any], source: str) -> Layout:
                               f"not 'eagle3'. ---> HINT: only EAGLE-3 speculators heads are "
                               f"exported; use a plain model folder as the draft otherwise.")
         return SPECULATORS
-    if SAFEAILAB_ARCHITECTURE in archs:
-        return SAFEAILAB
+    if SAFEAILAB_ARCHITECTURE in archs or (archs == ["LlamaForCausalLM"]
+                                           and "draft_vocab_size" in d):
+        return SAFEAILAB        # (SafeAILab's training config names the plain Llama class)
     raise ConfigError(f"{source!r} is not an EAGLE-3 head in a known layout: its config.json "
                       f"has architectures {archs} and no speculators_model_type. ---> HINT: "
                       f"expected {SAFEAILAB_ARCHITECTURE} (SafeAILab) or speculators_model_type "

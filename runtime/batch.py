@@ -35,7 +35,9 @@ from . import cache
 from .errors import ConfigError
 from .request import GenerationResult, Request
 from .round.drafting import Drafter, Schedule
+from .round.lookup import Lookup
 from .round.loop import Loop, Row, Stats
+from .round.rules import Rule
 from .scheduler.batch_cost import BatchCost, LiveCost, best_k, measure
 from .scheduler.learning import Acceptance
 from .text import TextCodec, TextStream
@@ -68,6 +70,9 @@ class Owner(Protocol):
                 **settings: Any) -> Request: ...
 
     def learnt(self, kind: str) -> Acceptance: ...
+
+    def drafter(self, rule: Rule, schedule: Schedule, lookup: Lookup | None,
+                slot: int) -> Drafter: ...
 
     def schedule(self, req: Request, own: bool = False) -> Schedule: ...
 
@@ -196,7 +201,7 @@ class Batch:
             schedule = self.gen.schedule(req, own=True)
             lookup = req.lookup()
             seq.row = Row(list(req.ids), req.rule, schedule,
-                          Drafter(self.draft, req.rule, schedule, self._vocab, lookup, slot),
+                          self.gen.drafter(req.rule, schedule, lookup, slot),
                           seq.stats, req.eos_ids, req.max_new_tokens, len(req.ids),
                           logprobs=req.logprobs)
             self.slots[slot] = seq
@@ -221,12 +226,11 @@ class Batch:
                 # batch does not draft at this many rows (speculation does not pay there: a
                 # draft as large as the target's int8 copy would cost a second prefill for
                 # nothing); a row's draft catches up when it first drafts (loop.py)
-                drafter = row.drafter
-                if row.schedule.uses_draft and self._cap != 0 and \
-                        drafter.draft_len == row.target_len:
-                    self.draft.prefill(drafter.ids(chunk), drafter.draft_len, slot=row.slot)
-                    drafter.draft_len = row.target_len + len(chunk)
+                drafter, synced = row.drafter, row.drafter.caught_up(row.target_len)
                 row.target_len += len(chunk)
+                if row.schedule.uses_draft and (self._cap != 0 and synced
+                                                or drafter.lagging(row.target_len)):
+                    drafter.catch_up(row.seq, row.target_len)   # a head: its features (§14)
                 budget -= len(chunk)
             seq.stats.seconds["prefill"] += perf_counter() - t0
             seq.prefilled = row.target_len == len(seq.req.ids) - 1

@@ -146,6 +146,8 @@ def kv_output_names(i: int, graph: str = STANDARD) -> tuple[str, str]:
 AUX_HIDDEN, FEATURES, HIDDEN, HIDDEN_OUT = "aux_hidden", "features", "hidden", "hidden_out"
 MODEL, EAGLE3 = "model", "eagle3"        # ModelEntry.kind: a decoder model, or an EAGLE-3 head
 KINDS = (MODEL, EAGLE3)
+HEAD_INPUTS = (FEATURES, HIDDEN)          # beyond a model's inputs: the runtime's host buffers
+EXTRA_OUTPUTS = (AUX_HIDDEN, HIDDEN_OUT)  # ... and outputs (backends/ort.py)
 
 
 def head_graph(target_graph: str) -> str:

@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator, Literal, Sequence
 
-from . import cache
+from . import cache, contract
 from .backends import Threads, open_backend
 from .backends.select import CUDA_PROVIDER
 from .batch import Batch
@@ -18,10 +18,11 @@ from .errors import ConfigError
 from .manifest import Manifest, read_manifest
 from .request import GenerationResult, Mode, Request
 from .round.acceptance import GreedyAcceptance, InvariantSampling, SamplingAcceptance
-from .round.drafting import Drafter, SplitDrafter
+from .round.drafting import Drafter, Schedule, SplitDrafter
+from .round.features import HeadDrafter, attach
 from .round.heads import FusedGreedyAcceptance, FusedSamplingAcceptance, HeadSessions
 from .round.logprobs import MAX_TOP, Logprobs
-from .round.lookup import DRAFT_SOURCES, PREDICTION_PRIOR
+from .round.lookup import DRAFT_SOURCES, PREDICTION_PRIOR, Lookup
 from .round.loop import Stats, decode
 from .round.grammar import Constraint, tokenizer_for
 from .round.processors import Processors
@@ -35,6 +36,9 @@ from .scheduler.schedule import AdaptiveK, FixedK, RoundTimes
 from .text import TextCodec, TextStream
 
 DRAFTERS = {"sequential": Drafter, "split": SplitDrafter}
+_SPLIT_HEAD = ("mode='split' cannot draft with a feature-level head: its first draft reads the "
+               "features of the verification that split mode would draft beside (docs/design.md "
+               "§14). ---> HINT: use mode='sequential' (the default).")
 
 
 class Generator:
@@ -66,6 +70,12 @@ class Generator:
         self._busy = threading.Lock()                # held while a sequence decodes
         self._batch_costs: dict[int, BatchCost] = {}  # batch.py: a BatchCost per batch size
         self._live_costs: dict[int, LiveCost] = {}    # ... corrected by the batches' rounds
+        # a feature-level head reads the target's features, which the target's calls leave in
+        # this store (round/features.py, docs/design.md §14)
+        self.features = attach(self.target, self.draft, self.max_batch) \
+            if manifest.draft.kind == contract.EAGLE3 else None
+        if self.features is not None and self.mode == "split":
+            raise ConfigError(_SPLIT_HEAD)
 
     @classmethod
     def load(cls, bundle: str | Path, backend: str = "auto", threads: Threads = None,
@@ -277,9 +287,7 @@ class Generator:
         text = TextStream(self.codec, req.stop, pieces)
         lookup = req.lookup()
         schedule = self.schedule(req)
-        drafter = DRAFTERS[mode](self.draft, rule, schedule,
-                                 (self.manifest.target.vocab_size, self.manifest.draft.vocab_size),
-                                 lookup)
+        drafter = self.drafter(rule, schedule, lookup, 0, mode)
         rounds = decode(self.target, drafter, rule, ids, req.max_new_tokens, schedule, eos_ids,
                         stats, req.logprobs)
         try:
@@ -296,6 +304,16 @@ class Generator:
             stats.stop_reason = "stop"
         self.last_result = GenerationResult(text.ids, text.text, stats.stop_reason, stats,
                                             logprobs=req.kept(text.ids))
+
+    def drafter(self, rule: Rule, schedule: Schedule, lookup: Lookup | None, slot: int,
+                mode: Mode = "sequential") -> Drafter:
+        """One row's draft state in `slot`: a head's (round/features.py) or a model's."""
+        vocab = (self.manifest.target.vocab_size, self.manifest.draft.vocab_size)
+        if self.features is not None:
+            if mode == "split":
+                raise ConfigError(_SPLIT_HEAD)
+            return HeadDrafter(self.draft, rule, schedule, vocab, lookup, slot, self.features)
+        return DRAFTERS[mode](self.draft, rule, schedule, vocab, lookup, slot)
 
     def schedule(self, req: Request, own: bool = False) -> AdaptiveK | FixedK:
         """A sequence's schedule. A fixed k learns afresh each call: its drafts (and so a

@@ -75,7 +75,7 @@ def read_head(source: str, target: Any) -> LoadedHead:
     return LoadedHead(source, config, head.eval(), layout, str(archs[0]))
 
 
-def check_head_request(config) -> None:
+def check_head_request(config) -> None:      # config: ExportConfig (config.py)
     """Refuse, before any work, what an EAGLE-3 head draft does not have yet."""
     if config.draft_quant in BITS:
         raise ConfigError(f"--draft-quant {config.draft_quant} with an EAGLE-3 head: the head "
@@ -89,7 +89,7 @@ def check_head_request(config) -> None:
 
 
 def trace_head(head: LoadedHead, path: Path, max_context: int, config,
-                target: TracedModel, log) -> tuple[TracedModel, dict[str, float]]:
+               target: TracedModel, log) -> tuple[TracedModel, dict[str, float]]:
     """Trace the EAGLE-3 head in the flavour its target's calls need (contract.head_graph:
     static beside an ort or static target, standard beside a standard one) and check it
     against the PyTorch head."""
@@ -104,7 +104,8 @@ def trace_head(head: LoadedHead, path: Path, max_context: int, config,
 
 
 def head_entry(root: Path, head: LoadedHead, traced: TracedModel,
-                parity: dict[str, float]) -> ModelEntry:
+               parity: dict[str, float]) -> ModelEntry:
+    """The draft's manifest entry for a head (kind eagle3, its settings, design §14)."""
     return ModelEntry(
         path=traced.path.relative_to(root).as_posix(), architecture=head.architecture,
         source=head.source, num_layers=1, num_kv_heads=traced.num_kv_heads,
@@ -174,7 +175,7 @@ def head_parity(head: Eagle3Head, path: Path, graph: str, max_draft: int,
             for part, value in zip(batch, (step[0], np.arange(past, past + width)[None],
                                            feats, hidden)):
                 part[b, :value.shape[1]] = value[0]         # padding: later positions, zeros
-        compare(f"a step after {pasts[0]} rows fed by features and hidden", run(0, *step_of(
+        compare(f"a step after {pasts[0]} rows fed by features and hidden", run(0, *_step_of(
             batch, 0, real[0]), pasts[0]), refs[0])
         logits, hidden_out = run.batch(*batch)
         for b, n in enumerate(real):
@@ -183,7 +184,7 @@ def head_parity(head: Eagle3Head, path: Path, graph: str, max_draft: int,
     return worst
 
 
-def step_of(batch: list[np.ndarray], b: int, n: int) -> tuple[np.ndarray, ...]:
+def _step_of(batch: list[np.ndarray], b: int, n: int) -> tuple[np.ndarray, ...]:
     """Row b's first n rows of a batch's ids, features and hidden (its positions dropped)."""
     ids, _, features, hidden = batch
     return ids[b:b + 1, :n], features[b:b + 1, :n], hidden[b:b + 1, :n]

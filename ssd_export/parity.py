@@ -129,6 +129,19 @@ def run_whole(session, ids: np.ndarray, graph: str, dtype: str) -> np.ndarray:
     return _run(session, ids, 0, None, n_layers, dtype)[0]
 
 
+def run_with_features(session, ids: np.ndarray, graph: str, dtype: str
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """Logits (1, S, V) and contract.AUX_HIDDEN (1, S, 3·Ht) of a target graph that feeds an
+    EAGLE-3 head, over `ids` from an empty cache (docs/design.md §14)."""
+    n_layers = _layers(session)
+    if contract.in_place(graph):
+        logits, _, aux = _run_in_place(session, ids, 0, ids.shape[1], n_layers, dtype,
+                                       ids.shape[1])
+    else:
+        logits, _, aux = _run(session, ids, 0, None, n_layers, dtype)
+    return logits, aux
+
+
 def _layers(session) -> int:
     return len([i for i in session.get_inputs() if i.name.startswith("past_key.")])
 

@@ -30,7 +30,8 @@ from .pair import (added_ids, chat_template, check_vocabularies, eos_ids,
 from .parity import check_batch, check_parity, ort_errors
 from .qtarget import EXACT_QUANT_GRAPH, ORT_QUANT_NOTE, quantize_target, read_calibration
 from .quantize import BITS, check_request, draft_scheme, quantize_draft
-from .worth import Worth, measure_worth
+from .head_worth import measure_head_worth
+from .worth import measure_worth
 
 
 def export_bundle(config: ExportConfig) -> Manifest:
@@ -193,11 +194,10 @@ def export_bundle(config: ExportConfig) -> Manifest:
         manifest = replace(manifest, engines=export_engines(
             root, manifest, config.engines, config.engine_precision, log, config.output))
         with log.stage("the pair's worth: agreement on held-out text and a quick timing"):
-            worth = measure_worth(root, manifest, target.tokenizer, heldout) if head is None \
-                else Worth(text=heldout[1], max_draft=config.max_draft,
-                           note="an EAGLE-3 head's worth is not measured yet")   # design §6
+            worth = (measure_worth if head is None else measure_head_worth)(   # design §6
+                root, manifest, target.tokenizer, heldout, own=config.calib is None)
         log.print(worth.line())
-        if warning := worth.warning(manifest.draft.quant):
+        if head is None and (warning := worth.warning(manifest.draft.quant)):
             log.print(warning)
         with log.stage("write the manifest"):
             manifest = finish_manifest(root, replace(manifest, pair_worth=worth.as_dict()))

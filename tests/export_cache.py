@@ -59,11 +59,11 @@ def default_folder() -> Path | None:
 
 # ---- keys -----------------------------------------------------------------------------------
 
-def trace_key(model, max_context: int, graph: str) -> str:
+def trace_key(model, max_context: int, graph: str, aux_layers: tuple[int, ...] = ()) -> str:
     """Everything `export_decoder` reads but the source name, which only error messages
     (never cached) carry: the graph code, the tool versions, the model itself."""
     return _digest("trace", FORMAT, sources(TRACE_SOURCES), versions(), model_digest(model),
-                   max_context, graph)
+                   max_context, graph, list(aux_layers))
 
 
 def bundle_key(config) -> str:
@@ -155,18 +155,20 @@ def _digest(*parts) -> str:
 
 # ---- entries --------------------------------------------------------------------------------
 
-def traced(export, model, source: str, path: Path, max_context: int, graph: str):
-    """`export(model, source, path, max_context, graph)` (graphs/trace.py's export_decoder),
-    or its files and TracedModel from the cache; an exception is never cached."""
+def traced(export, model, source: str, path: Path, max_context: int, graph: str,
+           aux_layers: tuple[int, ...] = ()):
+    """`export(model, source, path, max_context, graph, aux_layers)` (graphs/trace.py's
+    export_decoder), or its files and TracedModel from the cache; an exception is never
+    cached."""
     from ssd_graphs.trace import TracedModel
 
     if _root is None:
-        return export(model, source, path, max_context, graph)
-    key = trace_key(model, max_context, graph)
+        return export(model, source, path, max_context, graph, aux_layers)
+    key = trace_key(model, max_context, graph, aux_layers)
     entry = _root / "traces" / key
     with _locked(key):
         if not (entry / DONE).exists():
-            result = export(model, source, path, max_context, graph)
+            result = export(model, source, path, max_context, graph, aux_layers)
             meta = {k: v for k, v in dataclasses.asdict(result).items() if k != "path"}
             with _writing(entry) as tmp:
                 for file in _files_of(result.path):
@@ -179,6 +181,7 @@ def traced(export, model, source: str, path: Path, max_context: int, graph: str)
         if file.name != DONE:
             shutil.copy2(file, path.parent / file.name.replace(meta["name"], path.name, 1))
     _touch(entry)
+    meta["aux_layer_ids"] = tuple(meta.get("aux_layer_ids", ()))     # JSON kept a list
     return TracedModel(path=path, **{k: v for k, v in meta.items() if k != "name"})
 
 
@@ -214,8 +217,8 @@ def tracing_cached():
         yield
         return
     real = trace.export_decoder
-    pipeline.export_decoder = lambda model, source, path, max_context, graph="standard": \
-        traced(real, model, source, path, max_context, graph)
+    pipeline.export_decoder = lambda model, source, path, max_context, graph="standard", \
+        aux_layers=(): traced(real, model, source, path, max_context, graph, aux_layers)
     try:
         yield
     finally:

@@ -27,6 +27,7 @@ def test_each_input_of_a_trace_changes_its_key(model, monkeypatch):
     assert export_cache.trace_key(model, 64, "ort") == base         # stable
     assert export_cache.trace_key(model, 65, "ort") != base         # an option
     assert export_cache.trace_key(model, 64, "standard") != base
+    assert export_cache.trace_key(model, 64, "ort", (0, 1, 2)) != base  # a head's features
     with torch.no_grad():                                            # one weight's one element
         model.model.layers[0].mlp.up_proj.weight[3, 5] += 1e-6
     changed = export_cache.trace_key(model, 64, "ort")
@@ -140,7 +141,7 @@ def test_a_hit_gives_back_the_export_and_a_change_misses(model, tmp_path):
 
     calls = []
 
-    def export(model, source, path, max_context, graph):
+    def export(model, source, path, max_context, graph, aux_layers=()):
         calls.append(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"graph %d" % len(calls))

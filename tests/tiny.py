@@ -298,3 +298,57 @@ def build_small_vocab_pair(root: Path) -> tuple[Path, Path]:
     draft = build_model(root / "small_draft", "llama", fast, seed=12, layers=1,
                         initializer_range=0.08)
     return target, draft
+
+
+# An EAGLE-3 head's tensors under their published names (SafeAILab's cnets.Model; the
+# speculators layout renames midlayer. to layers.0.), and each layout's config.json
+_HEAD_LAYER = ("hidden_norm", "input_layernorm", "post_attention_layernorm")
+
+
+def build_eagle3_head(folder: Path, layout: str, *, target_hidden: int, vocab: int,
+                      layer_ids=(0, 1, 2), hidden: int = 32, draft_vocab: int = 96,
+                      embed: bool = True, seed: int = 0, drop: str = "", **config) -> Path:
+    """A random one-layer EAGLE-3 head for a target of width `target_hidden` and `vocab` tokens:
+    4 heads of hidden/4, 2 KV heads, MLP 2·hidden, a draft vocabulary of `draft_vocab` target
+    ids; `drop` leaves one tensor out, `config` overrides config.json fields."""
+    import json
+
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+    H, D = hidden, hidden // 4
+    shapes = {"fc.weight": (H, 3 * target_hidden), "norm.weight": (H,),
+              "lm_head.weight": (draft_vocab, H),
+              "midlayer.self_attn.q_proj.weight": (4 * D, 2 * H),
+              "midlayer.self_attn.k_proj.weight": (2 * D, 2 * H),
+              "midlayer.self_attn.v_proj.weight": (2 * D, 2 * H),
+              "midlayer.self_attn.o_proj.weight": (H, 4 * D),
+              "midlayer.mlp.gate_proj.weight": (2 * H, H), "midlayer.mlp.up_proj.weight": (2 * H, H),
+              "midlayer.mlp.down_proj.weight": (H, 2 * H),
+              **{f"midlayer.{n}.weight": (H,) for n in _HEAD_LAYER}}
+    tensors = {name: torch.randn(shape, generator=g) * 0.3 for name, shape in shapes.items()}
+    targets = torch.randperm(vocab, generator=g)[:draft_vocab].sort().values
+    tensors["d2t"] = targets - torch.arange(draft_vocab)      # target id = draft id + d2t
+    tensors["t2d"] = torch.zeros(vocab, dtype=torch.bool)
+    tensors["t2d"][targets] = True
+    if embed:
+        tensors["embed_tokens.weight"] = torch.randn(vocab, H, generator=g)
+    tensors.pop(drop, None)
+    layer = dict(hidden_size=H, intermediate_size=2 * H, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=D, rms_norm_eps=1e-5, rope_theta=10000.0,
+                 max_position_embeddings=256, hidden_act="silu", vocab_size=vocab,
+                 num_hidden_layers=1)
+    eagle = dict(draft_vocab_size=draft_vocab, target_hidden_size=target_hidden,
+                 eagle_aux_hidden_state_layer_ids=list(layer_ids))
+    if layout == "speculators":
+        tensors = {k.replace("midlayer.", "layers.0."): v for k, v in tensors.items()}
+        body = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+                "transformer_layer_config": {**layer, "model_type": "llama"},
+                "norm_before_residual": True, **eagle}
+    else:
+        body = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", **layer,
+                **eagle}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({**body, **config}))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    return folder

@@ -2,6 +2,7 @@
 
     python tools/batch_bench.py BUNDLE [--rows 1,2,4,8,16] [--k 0,auto] [--repeats 3]
                                 [--max-new-tokens 128] [--prompts FILE.jsonl] [--threads T:D]
+                                [--backend auto|cpu|cuda] [--draft-backend cpu]
                                 [--draft-source fused|model|lookup] [--recalibrate]
                                 [--chat-template-from HF_DIR] [--json OUT]
 
@@ -38,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=Path,
                    default=HERE.parent / "runtime" / "data" / "bench_prompts.jsonl")
     p.add_argument("--threads", default=None, help="T:D intra-op threads (default: the runtime's)")
+    p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda", "trt"),
+                   help="Generator.load's backend (cuda batches take a --graph static bundle)")
+    p.add_argument("--draft-backend", default=None, choices=("cpu", "cuda", "trt"))
     p.add_argument("--draft-source", default="fused")
     p.add_argument("--recalibrate", action="store_true")
     p.add_argument("--chat-template-from", default=None)
@@ -57,15 +61,17 @@ def main(argv: list[str] | None = None) -> int:
                  if line.strip()]
         prompts = [x["prompt"] if isinstance(x, dict) else x for x in lines]
     threads = tuple(int(t) for t in args.threads.split(":")) if args.threads else None
-    gen = Generator.load(args.bundle, threads=threads, max_batch=max(rows),
-                         recalibrate=args.recalibrate)
+    gen = Generator.load(args.bundle, backend=args.backend, threads=threads,
+                         max_batch=max(rows), recalibrate=args.recalibrate,
+                         draft_backend=args.draft_backend)
     n = args.max_new_tokens
     alone = {}
     for prompt in prompts[:max(rows)]:
         alone[prompt] = gen.generate(prompt, max_new_tokens=n, k=0, ignore_eos=True).token_ids
     for k in ks:                                   # warm up; calibrate the batch's costs
         gen.generate_batch(prompts[:max(rows)], max_new_tokens=8, k=k, ignore_eos=True)
-    print(f"bundle {args.bundle}, threads {gen.target.threads}:{gen.draft.threads}, "
+    print(f"bundle {args.bundle}, backend {gen.backend_reason}, threads "
+          f"{gen.target.threads}:{gen.draft.threads}, "
           f"{n} tokens a row, {args.repeats} repeats")
     report, wrong = {}, 0
     for b in rows:
@@ -101,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         report[str(b)] = entry
     if args.json:
         args.json.write_text(json.dumps({"bundle": str(args.bundle), "max_new_tokens": n,
+                                         "backend": gen.backend,
                                          "threads": [gen.target.threads, gen.draft.threads],
                                          "rows": report, "rows_differing": wrong}, indent=1))
     print(f"rows differing from k=0 alone: {wrong}")

@@ -1,24 +1,39 @@
 #!/usr/bin/env bash
-# GPU check for ssd-toolkit on a machine with an NVIDIA GPU, in one go (< 8 minutes).
+# GPU check for ssd-toolkit on a machine with an NVIDIA GPU, in one go (about 6 minutes).
 #
 #   tools/gpu_check.sh [REPORT]          # default REPORT: gpu_report.txt
 #
-# Reports what is installed (driver, GPU, TensorRT, onnxruntime-gpu, cuda-python), installs
-# what is missing from PyPI when it can (best effort, never leaving onnxruntime and
-# onnxruntime-gpu side by side), builds a small target/draft pair (examples/demo-pair if
-# present, else the tests' tiny models), exports it with TensorRT engines, runs the gpu
-# tests, compares the token streams of the cuda and trt backends with cpu, and benchmarks
-# k=0 against k=auto on each backend. Every step has a time limit; a failed step is
-# reported and the script goes on. Environment: PYTHON (default python3), WORK (scratch),
-# BUDGET (seconds for the whole run, default 450), BUNDLE (a bundle exported earlier by this
-# script's export command: reused instead of exporting again).
+# Reports what is installed, installs what is missing from PyPI when it may (INSTALL=1, best
+# effort, never leaving onnxruntime and onnxruntime-gpu side by side), exports with the
+# machine's own torch (each bundle kept in WORK and reused) the demo pair in the static
+# flavour, its int8 target, and a float16 target of SmolLM2-135M's shapes (random weights,
+# tools/random_model.py) with a tiny random draft, then on the cuda backend:
+#   a. the demo pair's tokens, alone and in batches of 8 rows of different lengths, k = 0, 4,
+#      auto, greedy and seeded, against the CPU provider's k=0; where ONNX Runtime puts nodes;
+#   b. the 135M float16 target: batched k=0, 4 and auto at 1, 8 and 32 rows
+#      (tools/batch_bench.py), and ssd-bench's single stream with its host share of a round;
+#   c. ONNX Runtime CUDA graphs (the runtime has no option for them yet: said and skipped);
+#   d. a CPU draft beside the GPU target (--draft-backend cpu), sequential;
+#   e. the int8 target's tokens against the CPU's k=0 and cuda's own k=0;
+# then the gpu tests, and TensorRT's streams where TensorRT is importable. Without a GPU the
+# same steps run on the cpu backend at smaller sizes (a stand-in that tests this script), and
+# the GPU-only ones say they were skipped. Every step has a time limit; a failed step is
+# reported and the script goes on. Environment: PYTHON (default python3), WORK (scratch, and
+# the bundles reused), BUDGET (seconds for the whole run, default 360), INSTALL (1, default:
+# install missing GPU packages from PyPI; 0: never), STAGE (all, default; prepare: the models
+# and exports alone, which need no GPU: the device's first call starts it in the background,
+# tools/gpu_carry.py, and a later run with the same WORK waits for it and reuses them).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 REPORT="$(realpath -m "${1:-gpu_report.txt}")"
 PY="${PYTHON:-python3}"
 WORK="${WORK:-$(mktemp -d /tmp/ssd-gpu-check.XXXXXX)}"
 START=$(date +%s)
-BUDGET=${BUDGET:-450}           # seconds for the whole run: every step gets what is left
+export SSD_CACHE_DIR="${SSD_CACHE_DIR:-$WORK/ssd-cache}"   # what loads remember (design §8.1)
+BUDGET=${BUDGET:-360}           # seconds for the whole run: every step gets what is left
+INSTALL=${INSTALL:-1}
+STAGE=${STAGE:-all}
+mkdir -p "$WORK"
 : > "$REPORT"
 
 say()     { echo "$*" | tee -a "$REPORT"; }
@@ -29,9 +44,10 @@ step() {
   local left=$(( BUDGET - ($(date +%s) - START) ))
   if [ "$left" -lt 20 ]; then say "-- $label: SKIPPED (time budget of ${BUDGET}s spent)"; return 125; fi
   [ "$limit" -gt "$left" ] && limit=$left
+  local t0; t0=$(date +%s)
   timeout --kill-after=5 "$limit" "$@" >> "$REPORT" 2>&1
   local rc=$?
-  say "-- $label: $([ $rc -eq 0 ] && echo ok || echo "FAILED (exit $rc$([ $rc -eq 124 ] && echo ", timed out after ${limit}s"))")"
+  say "-- $label: $([ $rc -eq 0 ] && echo ok || echo "FAILED (exit $rc$([ $rc -eq 124 ] && echo ", timed out after ${limit}s"))") in $(( $(date +%s) - t0 )) s"
   return $rc
 }
 pyhas() { "$PY" -c "import $1" >/dev/null 2>&1; }
@@ -39,9 +55,40 @@ ort_has_cuda() {
   "$PY" -c "import onnxruntime as o, sys; sys.exit('CUDAExecutionProvider' not in o.get_available_providers())" \
     >/dev/null 2>&1
 }
+# a session really on the CUDA provider (onnxruntime-gpu lists it even where it cannot load it)
+cuda_runs() {
+  "$PY" - >/dev/null 2>&1 <<'EOF'
+import sys, onnxruntime as ort
+from onnx import helper, TensorProto
+v = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [2])
+model = helper.make_model(helper.make_graph([helper.make_node("Neg", ["x"], ["y"])], "p",
+                                            [v("x")], [v("y")]),
+                          opset_imports=[helper.make_opsetid("", 18)])
+model.ir_version = 9
+getattr(ort, "preload_dlls", lambda: None)()
+s = ort.InferenceSession(model.SerializeToString(),
+                         providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+sys.exit(s.get_providers()[0] != "CUDAExecutionProvider")
+EOF
+}
+prepare_running() {
+  [ "$STAGE" != prepare ] && [ -f "$WORK/prepare.pid" ] && [ ! -f "$WORK/prepare.done" ] \
+    && kill -0 "$(cat "$WORK/prepare.pid")" 2>/dev/null
+}
+export_once() {   # export_once LIMIT DIR ARGS...: ssd-export into DIR unless a bundle is there
+  local limit=$1 dir=$2; shift 2
+  local t0; t0=$(date +%s)
+  # never export beside the prepare stage into the same folder: wait for its bundle
+  while prepare_running && [ ! -f "$dir/manifest.json" ] && [ $(( $(date +%s) - t0 )) -lt "$limit" ]; do
+    sleep 2
+  done
+  if [ -f "$dir/manifest.json" ]; then say "-- reusing $dir"; return 0; fi
+  step "$limit" "ssd-export $* -> $(basename "$dir")" nice -n 5 "$PY" -m ssd_export.cli \
+    --output "$dir" --force --quiet "$@"
+}
 
 section "machine"
-say "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)   host: $(hostname)   repo: $(git rev-parse --short HEAD 2>/dev/null)"
+say "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)   host: $(hostname)   repo: $(git rev-parse --short HEAD 2>/dev/null)   cores: $(nproc)   stage: $STAGE"
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv >> "$REPORT" 2>&1
   CUDA_MAJOR=$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: \([0-9]*\).*/\1/p' | head -1)
@@ -50,201 +97,224 @@ else
   say "nvidia-smi: not found (no NVIDIA driver?)"; CUDA_MAJOR=""
 fi
 [ -f /etc/nv_tegra_release ] && say "Jetson: $(head -1 /etc/nv_tegra_release)"
+if [ "$STAGE" = prepare ]; then
+  echo $$ > "$WORK/prepare.pid"; rm -f "$WORK/prepare.done"
+fi
 
 section "python environment"
-if ! pyhas ssd_runtime || ! pyhas torch || ! pyhas transformers || ! pyhas onnx; then
-  say "ssd-toolkit with the export extra is not importable by $PY: creating $WORK/venv"
+if ! pyhas ssd_runtime; then
+  # no install (the device has no network): pyproject's package dirs, linked onto PYTHONPATH
+  mkdir -p "$WORK/pkgs"
+  for pkg in ssd_runtime=runtime ssd_graphs=graphs ssd_export=ssd_export ssd_distill=ssd_distill; do
+    ln -sfn "$PWD/${pkg#*=}" "$WORK/pkgs/${pkg%%=*}"
+  done
+  export PYTHONPATH="$WORK/pkgs${PYTHONPATH:+:$PYTHONPATH}"
+  say "ssd-toolkit is not installed for $PY: its packages are linked from $WORK/pkgs"
+fi
+if [ "$INSTALL" = 1 ] && { ! pyhas torch || ! pyhas transformers || ! pyhas onnx; }; then
+  say "the export extra is not importable by $PY: creating $WORK/venv"
   "$PY" -m venv --system-site-packages "$WORK/venv" >> "$REPORT" 2>&1 && PY="$WORK/venv/bin/python"
   step 300 "pip install -e .[export,test]" "$PY" -m pip install -q -e '.[export,test]'
 fi
-say "python: $("$PY" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
+"$PY" - >> "$REPORT" 2>&1 <<'EOF'
+import importlib, importlib.metadata as md, sys
+print("python:", sys.executable, sys.version.split()[0])
+for name in ("onnxruntime", "torch", "transformers", "onnx", "numpy", "ssd_runtime"):
+    try:
+        m = importlib.import_module(name)
+        print(f"{name:13} {getattr(m, '__version__', '')} {m.__file__}")
+    except Exception as exc:                                   # noqa: BLE001
+        print(f"{name:13} not importable: {exc}")
+for dist in ("onnxruntime", "onnxruntime-gpu"):
+    try:
+        print(f"installed distribution {dist} {md.version(dist)}")
+    except md.PackageNotFoundError:
+        pass
+import onnxruntime as ort
+print("onnxruntime providers:", ort.get_available_providers())
+EOF
 
-section "GPU packages (install what is missing, best effort)"
-if ! ort_has_cuda; then
+section "GPU packages"
+if [ "$STAGE" = prepare ]; then
+  say "STAGE=prepare: exports only"
+elif [ "$INSTALL" != 1 ]; then
+  say "INSTALL=0: nothing installed (onnxruntime-gpu comes from PYTHONPATH: tools/gpu_carry.py)"
+elif ! command -v nvidia-smi >/dev/null; then
+  say "no NVIDIA driver: nothing installed"
+else
   # download first: only swap onnxruntime for onnxruntime-gpu once the wheel is here
-  if step 180 "pip download onnxruntime-gpu" "$PY" -m pip download -q --no-deps -d "$WORK/wheels" onnxruntime-gpu; then
+  if ! ort_has_cuda && step 180 "pip download onnxruntime-gpu" "$PY" -m pip download -q --no-deps -d "$WORK/wheels" onnxruntime-gpu; then
     "$PY" -m pip uninstall -y -q onnxruntime onnxruntime-gpu >> "$REPORT" 2>&1
     step 120 "pip install onnxruntime-gpu" "$PY" -m pip install -q "$WORK"/wheels/onnxruntime_gpu-*.whl \
       || step 120 "restore onnxruntime" "$PY" -m pip install -q onnxruntime
   fi
+  pyhas tensorrt || step 300 "pip install tensorrt-cu12 (10.x)" "$PY" -m pip install -q 'tensorrt-cu12>=10,<11'
+  if ! pyhas cuda.bindings.runtime && ! pyhas cuda.cudart; then
+    spec="cuda-python>=12.3"; [ -n "$CUDA_MAJOR" ] && spec="cuda-python>=$CUDA_MAJOR,<$((CUDA_MAJOR + 1))"
+    step 120 "pip install $spec" "$PY" -m pip install -q "$spec"
+  fi
 fi
-if ! pyhas tensorrt; then
-  step 300 "pip install tensorrt-cu12 (10.x)" "$PY" -m pip install -q 'tensorrt-cu12>=10,<11'
+BACKEND=cpu; GPU=""
+if [ "$STAGE" != prepare ] && command -v nvidia-smi >/dev/null && ort_has_cuda && cuda_runs; then
+  BACKEND=cuda; GPU=1
+  say "a session runs on CUDAExecutionProvider: the steps below run on the cuda backend"
+elif [ "$STAGE" != prepare ]; then
+  say "NO GPU SESSION (no driver, no CUDAExecutionProvider, or it did not load): the cuda steps run on the cpu backend at smaller sizes, as a stand-in that tests this script; GPU-only steps are skipped"
 fi
-if ! pyhas cuda.bindings.runtime && ! pyhas cuda.cudart; then
-  spec="cuda-python>=12.3"; [ -n "$CUDA_MAJOR" ] && spec="cuda-python>=$CUDA_MAJOR,<$((CUDA_MAJOR + 1))"
-  step 120 "pip install $spec" "$PY" -m pip install -q "$spec"
-fi
-"$PY" - >> "$REPORT" 2>&1 <<'EOF'
-import importlib.metadata as md
-for dist in ("onnxruntime", "onnxruntime-gpu", "tensorrt", "tensorrt-cu12", "tensorrt_cu12_libs",
-             "cuda-python", "cuda-bindings", "numpy", "torch"):
-    try:
-        print(f"{dist:20} {md.version(dist)}")
-    except md.PackageNotFoundError:
-        print(f"{dist:20} -")
-import onnxruntime as ort
-print("onnxruntime providers:", ort.get_available_providers())
-from ssd_runtime.backends.trt import probe_tensorrt
-version, gpu, problem = probe_tensorrt()
-print("TensorRT:", version, "| GPU:", gpu, "|", problem or "usable")
-def installed(dist):
-    try:
-        return bool(md.version(dist))
-    except md.PackageNotFoundError:
-        return False
-if installed("onnxruntime") and installed("onnxruntime-gpu"):
-    print("WARNING: onnxruntime and onnxruntime-gpu are both installed; uninstall both, then "
-          "install onnxruntime-gpu alone")
-EOF
 
-section "a small target/draft pair"
-PAIR="$WORK/pair"; MAX_CONTEXT=256
+section "models and exports (reused from WORK when there)"
 export HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error
-if [ -f examples/demo-pair/target/config.json ] && [ -f examples/demo-pair/draft/config.json ]; then
-  PAIR=examples/demo-pair; MAX_CONTEXT=1024; say "using the shipped pair $PAIR"
+PAIR=examples/demo-pair
+DEMO="$WORK/demo-static"; QUANT="$WORK/demo-int8"; B135="$WORK/smollm2-135m-fp16"
+HEADB="$WORK/demo-head-static"
+demo_bundle() {
+  export_once 300 "$DEMO" --target "$PAIR/target" --draft "$PAIR/draft" --max-context 1024 \
+    --graph static --max-batch 8
+}
+quant_bundle() {
+  export_once 600 "$QUANT" --target "$PAIR/target" --draft "$PAIR/draft" --max-context 1024 \
+    --quant int8 --max-batch 8
+}
+head_bundle() {   # a random EAGLE-3 head (tests/tiny.py) on the demo target: the plumbing, not α
+  [ -f "$HEADB/manifest.json" ] || prepare_running || [ -f "$WORK/demo-head/config.json" ] \
+    || step 60 "random EAGLE-3 head for the demo target" "$PY" -c "
+import json, sys; sys.path.insert(0, 'tests'); import tiny; from pathlib import Path
+c = json.loads(Path('$PAIR/target/config.json').read_text())
+L = c['num_hidden_layers']
+tiny.build_eagle3_head(Path('$WORK/demo-head'), 'safeailab', target_hidden=c['hidden_size'],
+    vocab=c['vocab_size'], hidden=c['hidden_size'], draft_vocab=512, embed=False, seed=1,
+    layer_ids=(2, L // 2, L - 3), max_position_embeddings=c['max_position_embeddings'])"
+  export_once 300 "$HEADB" --target "$PAIR/target" --draft "$WORK/demo-head" \
+    --max-context 1024 --graph static --max-batch 8
+}
+b135_bundle() {
+  local model
+  for model in smollm2-135m tiny-llama; do
+    [ -f "$B135/manifest.json" ] || prepare_running || [ -f "$WORK/$model/config.json" ] \
+      || step 120 "random $model (float16)" "$PY" tools/random_model.py --config "$model" \
+           --dtype float16 --output "$WORK/$model" --force
+  done
+  export_once 600 "$B135" --target "$WORK/smollm2-135m" --draft "$WORK/tiny-llama" \
+    --max-context 512 --graph static --dtype float16 --max-batch 32
+}
+if prepare_running; then
+  # the token checks (a, e) run beside the exports; the timings (b, d) wait for them to end
+  say "the prepare stage (pid $(cat "$WORK/prepare.pid")) is still exporting: each step waits for its bundle"
 else
-  step 120 "tiny pair from tests/tiny.py" "$PY" - "$PAIR" <<'EOF'
-import sys
+  demo_bundle; head_bundle; quant_bundle; b135_bundle
+fi
+"$PY" - "$DEMO" "$HEADB" "$QUANT" "$B135" >> "$REPORT" 2>&1 <<'EOF'
+import json, sys
 from pathlib import Path
-sys.path.insert(0, "tests")
-import tiny
-root = Path(sys.argv[1])
-tok = tiny.build_tokenizer(root / "tokenizer")
-target = tiny.build_model(root / "target", "llama", tok, seed=1, layers=3, num_key_value_heads=4)
-tiny.truncate(target, root / "draft", 1, tok)
-print("tiny llama pair (KV rows of 256 bytes) in", root)
+for b in map(Path, sys.argv[1:]):
+    if (b / "manifest.json").is_file():
+        m = json.loads((b / "manifest.json").read_text())
+        t, build = m["models"]["target"], m["build"]
+        size = sum(f.stat().st_size for f in b.rglob("*") if f.is_file()) / 1e6
+        print(f"{b.name}: {size:.0f} MB; target {t['graph']}, {build['dtype']}, quant {t['quant']}, "
+              f"{t['parameters'] / 1e6:.1f}M parameters; max_batch {m['max_batch']}, max_context "
+              f"{m['max_context']}; exported with torch {build['torch']}, onnxruntime "
+              f"{build['onnxruntime']} on {build['created']}")
 EOF
+if [ "$STAGE" = prepare ]; then
+  touch "$WORK/prepare.done"
+  section "prepared in $(( $(date +%s) - START )) s"
+  exit 0
 fi
 
-section "export with engines"
-BUNDLE="${BUNDLE:-$WORK/bundle}"; BENCH_BUNDLE="$WORK/bundle-fp16"
-if [ -f "$BUNDLE/manifest.json" ]; then
-  say "reusing the bundle $BUNDLE (exported earlier with the command below)"
+if [ -n "$GPU" ]; then
+  ROWS=8; TOKENS=48; KS=0,4,auto; BROWS=1,8,32; BK=0,4,auto; BTOK=128; BREP=2
+else   # the CPU stand-in: the same steps, small enough for a 2-core machine
+  ROWS=4; TOKENS=16; KS=0,4,auto; BROWS=1,4; BK=0,auto; BTOK=8; BREP=1
+fi
+
+section "a. demo pair, static flavour: $BACKEND streams and batches of $ROWS against the cpu's k=0"
+demo_bundle
+step 150 "tokens: demo static on $BACKEND" "$PY" tools/gpu_tokens.py "$DEMO" --backend "$BACKEND" \
+  --rows "$ROWS" --k "$KS" --max-new-tokens "$TOKENS" --placement
+
+section "f. an EAGLE-3 head (static flavour) on the demo target: $BACKEND against the cpu's k=0"
+head_bundle
+step 120 "tokens: demo + head on $BACKEND" "$PY" tools/gpu_tokens.py "$HEADB" --backend "$BACKEND" \
+  --rows "$ROWS" --k "$KS" --max-new-tokens "$TOKENS" --placement
+
+section "e. int8 target (static flavour, DequantizeLinear): $BACKEND against the cpu's k=0"
+quant_bundle
+step 120 "tokens: demo int8 on $BACKEND" "$PY" tools/gpu_tokens.py "$QUANT" --backend "$BACKEND" \
+  --rows "$ROWS" --k "$KS" --max-new-tokens "$TOKENS" --placement
+
+# the random draft is never right, but a random target's greedy text repeats itself, which
+# lookup drafts (the default draft source) would catch: --draft-source model prices the draft
+section "b. SmolLM2-135M shapes, float16, random weights: batched k=0/4/auto on $BACKEND"
+b135_bundle
+if prepare_running; then     # the timings want the cores to themselves
+  say "waiting for the prepare stage to end"
+  while prepare_running && [ $(( $(date +%s) - START )) -lt $(( BUDGET - 120 )) ]; do sleep 2; done
+fi
+step 180 "batch_bench rows $BROWS" "$PY" tools/batch_bench.py "$B135" --backend "$BACKEND" \
+  --rows "$BROWS" --k "$BK" --repeats "$BREP" --max-new-tokens "$BTOK" --draft-source model \
+  --json "$WORK/batch135.json"
+
+section "b. ssd-bench, one stream: host share of a round"
+PROMPTS2="$WORK/two_prompts.jsonl"
+head -2 runtime/data/bench_prompts.jsonl > "$PROMPTS2"
+if [ -n "$GPU" ]; then
+  step 90 "ssd-bench 135M fp16 --backend cuda" "$PY" -m ssd_runtime.bench "$B135" \
+    --backend cuda --k 0,4,auto --repeats 1 --max-new-tokens 128 --draft-source model \
+    --json "$WORK/bench135.json"
+  step 60 "ssd-bench demo static --backend cuda" "$PY" -m ssd_runtime.bench "$DEMO" \
+    --backend cuda --k 0,4,auto --repeats 1 --max-new-tokens 128 --json "$WORK/bench-demo.json"
 else
-  step 300 "ssd-export --engines auto --engine-precision fp32" "$PY" -m ssd_export.cli \
-    --target "$PAIR/target" --draft "$PAIR/draft" --output "$BUNDLE" --max-context "$MAX_CONTEXT" \
-    --engines auto --engine-precision fp32 --graph standard --force
+  step 90 "ssd-bench 135M fp16 --backend cpu (2 prompts)" "$PY" -m ssd_runtime.bench "$B135" \
+    --backend cpu --k 0 --repeats 1 --max-new-tokens 8 --prompts "$PROMPTS2"
 fi
-[ -f "$BUNDLE/manifest.json" ] && "$PY" -c "import json, sys; m = json.load(open(sys.argv[1])); \
-print('engines:', [(e['path'], e['precision']) for e in m['engines']] or 'none')" \
-  "$BUNDLE/manifest.json" >> "$REPORT" 2>&1
-rm -rf "$BENCH_BUNDLE"; [ -d "$BUNDLE" ] && cp -r "$BUNDLE" "$BENCH_BUNDLE"
-step 240 "ssd-build-engines --precision fp16 --force (for the benchmark)" "$PY" -c \
-  "import sys; from ssd_export.cli import build_engines_main; sys.exit(build_engines_main(sys.argv[1:]))" \
-  "$BENCH_BUNDLE" --precision fp16 --force
 
-section "token streams: cuda and trt against cpu (greedy and seeded, fp32 engines)"
-step 150 "compare token streams" "$PY" - "$BUNDLE" <<'EOF'
+section "c. ONNX Runtime CUDA graphs over the static flavour"
+if grep -rqs -e enable_cuda_graph -e gpu_graph_id runtime/backends; then
+  say "the runtime mentions CUDA graphs, but this check has no step for them yet: skipped"
+else
+  say "skipped: the runtime has no CUDA-graph option (no enable_cuda_graph in runtime/backends); the node placements above say whether ONNX Runtime could capture these graphs (it refuses when a node is on the CPU)"
+fi
+
+section "d. a CPU draft beside the GPU target (--draft-backend cpu), sequential"
+if [ -n "$GPU" ]; then
+  step 90 "ssd-bench demo static --backend cuda --draft-backend cpu" "$PY" -m ssd_runtime.bench \
+    "$DEMO" --backend cuda --draft-backend cpu --k 0,4,auto --mode sequential --repeats 1 \
+    --max-new-tokens 128 --json "$WORK/bench-cpu-draft.json"
+else
+  say "-- skipped: needs a GPU target"
+fi
+
+section "gpu tests"
+if [ -n "$GPU" ]; then
+  step 90 "pytest -m gpu" "$PY" -m pytest -q -p no:logging -p no:cacheprovider -m gpu tests/runtime/test_gpu.py -ra
+else
+  say "-- skipped: no GPU (they skip themselves)"
+fi
+
+section "TensorRT"
+if [ -n "$GPU" ] && pyhas tensorrt; then
+  STD="$WORK/demo-standard"
+  export_once 240 "$STD" --target "$PAIR/target" --draft "$PAIR/draft" --max-context 1024 \
+    --graph standard --engines auto --engine-precision fp32
+  step 120 "trt streams against cpu" "$PY" - "$STD" <<'EOF'
 import sys
 from ssd_runtime import Generator
-from ssd_runtime.errors import SsdError
-bundle = sys.argv[1]
-prompts = ["def read_config(path):", "import os\n", "class Stack:\n    def push(self, item):",
-           "for i in range(10):", "x = [1, 2, 3]\n"]
-cpu = Generator.load(bundle, backend="cpu")
-expected = {(p, k): cpu.generate(p, max_new_tokens=48, k=k).token_ids
-            for p in prompts for k in (0, 4, "auto")}
-failed = False
-for backend in ("cuda", "trt"):
-    try:
-        gen = Generator.load(bundle, backend=backend)
-    except SsdError as exc:
-        print(f"{backend}: not available: {exc}")
-        continue
-    same = sum(gen.generate(p, max_new_tokens=48, k=k).token_ids == ids
-               for (p, k), ids in expected.items())
-    print(f"{backend}: {same}/{len(expected)} streams equal to cpu  [{gen.backend_reason}]")
-    # seeded sampling: the target alone's tokens (invariant coupling), so the cpu's at any k
-    sampled = dict(max_new_tokens=48, temperature=0.8, top_p=0.95, seed=7)
-    alike = sum(gen.generate(p, k=k, **sampled).token_ids == cpu.generate(p, k=0, **sampled).token_ids
-                for p in prompts for k in (0, "auto"))
-    print(f"{backend}: {alike}/{2 * len(prompts)} seeded sampled streams equal to cpu's k=0")
-    failed |= same != len(expected) or alike != 2 * len(prompts)
-print("auto picks:", Generator.load(bundle).backend_reason)
-sys.exit(1 if failed else 0)
-EOF
-
-section "int4 target, standard flavour (blockwise DequantizeLinear): cuda against cpu"
-QBUNDLE="$WORK/bundle-int4"
-step 300 "ssd-export --quant int4 --graph standard --engines none" "$PY" -m ssd_export.cli \
-  --target "$PAIR/target" --draft "$PAIR/draft" --output "$QBUNDLE" --max-context "$MAX_CONTEXT" \
-  --quant int4 --quant-compute float --graph standard --engines none --force
-step 150 "compare int4 token streams" "$PY" - "$QBUNDLE" <<'EOF'
-import sys
-from ssd_runtime import Generator
-from ssd_runtime.errors import SsdError
 bundle = sys.argv[1]
 prompts = ["def read_config(path):", "import os\n", "for i in range(10):"]
 cpu = Generator.load(bundle, backend="cpu")
-print("quality:", cpu.manifest.target.quant_quality)
-expected = {(p, k): cpu.generate(p, max_new_tokens=48, k=k).token_ids
-            for p in prompts for k in (0, "auto")}
-try:
-    gen = Generator.load(bundle, backend="cuda")
-except SsdError as exc:
-    sys.exit(f"cuda: not available: {exc}")
-# the kernels differ (CUDA's dequantize + GEMM against the CPU's MatMulNBits): equal streams
-# are expected but near-ties may part them; k=auto must equal the same backend's k=0
-same = sum(gen.generate(p, max_new_tokens=48, k=k).token_ids == ids
-           for (p, k), ids in expected.items())
-own = sum(gen.generate(p, max_new_tokens=48, k="auto").token_ids ==
-          gen.generate(p, max_new_tokens=48, k=0).token_ids for p in prompts)
-print(f"cuda int4: {same}/{len(expected)} streams equal to cpu's; k=auto equals cuda's own "
-      f"k=0 on {own}/{len(prompts)}  [{gen.backend_reason}]")
-sys.exit(0 if own == len(prompts) else 1)
+gen = Generator.load(bundle, backend="trt")
+same = sum(gen.generate(p, max_new_tokens=48, k=k).token_ids
+           == cpu.generate(p, max_new_tokens=48, k=0).token_ids for p in prompts for k in (0, 4, "auto"))
+print(f"trt: {same}/{3 * len(prompts)} streams equal to cpu's k=0  [{gen.backend_reason}]")
+sys.exit(same != 3 * len(prompts))
 EOF
+else
+  say "-- skipped: $([ -n "$GPU" ] && echo "TensorRT is not importable" || echo "no GPU")"
+fi
 
-section "static flavour on cuda: tokens against cpu, and a batch (issues 22, 24)"
-SBUNDLE="$WORK/bundle-static"
-step 150 "ssd-export --graph static --engines none" "$PY" -m ssd_export.cli \
-  --target "$PAIR/target" --draft "$PAIR/draft" --output "$SBUNDLE" --max-context "$MAX_CONTEXT" \
-  --graph static --engines none --max-batch 8 --force
-step 120 "static: cuda against cpu, batched against alone" "$PY" - "$SBUNDLE" <<'EOF'
-import sys, time
-from ssd_runtime import Generator
-from ssd_runtime.errors import SsdError
-bundle = sys.argv[1]
-prompts = ["def read_config(path):", "import os\n", "class Stack:\n    def push(self, item):",
-           "for i in range(10):", "x = [1, 2, 3]\n", "def main():", "# parse the file\n", "y ="]
-cpu = Generator.load(bundle, backend="cpu")
-expected = [cpu.generate(p, max_new_tokens=48, k=0).token_ids for p in prompts]
-try:
-    gen = Generator.load(bundle, backend="cuda", max_batch=8)
-except SsdError as exc:
-    sys.exit(f"cuda: not available: {exc}")
-alone = [gen.generate(p, max_new_tokens=48, k=k).token_ids for p in prompts for k in (0, 4)]
-same = sum(ids == expected[i // 2] for i, ids in enumerate(alone))
-print(f"cuda static: {same}/{len(alone)} streams (k=0, 4) equal to cpu's k=0  [{gen.backend_reason}]")
-t = time.perf_counter()
-for p in prompts:
-    gen.generate(p, max_new_tokens=48, k=0)
-one = time.perf_counter() - t
-ok = same == len(alone)
-for k in (0, 4, "auto"):
-    t = time.perf_counter()
-    batch = gen.generate_batch(prompts, max_new_tokens=48, k=k)
-    took = time.perf_counter() - t
-    equal = sum(r.token_ids == ids for r, ids in zip(batch, expected))
-    ok &= equal == len(prompts)
-    print(f"cuda static batch of 8, k={k}: {equal}/8 equal to cpu's k=0; {took:.3f} s against "
-          f"{one:.3f} s one at a time at k=0")
-sys.exit(0 if ok else 1)
-EOF
-
-section "gpu tests"
-step 270 "pytest -m gpu" "$PY" -m pytest -q -p no:logging -m gpu tests/runtime/test_gpu.py -ra
-
-section "ssd-bench: k=0 against k=auto on each backend (fp16 engines)"
-for backend in cpu cuda trt; do
-  step 100 "ssd-bench --backend $backend" "$PY" -m ssd_runtime.bench "$BENCH_BUNDLE" \
-    --backend "$backend" --k 0,auto --repeats 1 --max-new-tokens 64 \
-    --json "$WORK/bench-$backend.json"
-done
-# a CPU draft beside the GPU target (issue 24), sequential and split
-step 100 "ssd-bench --backend cuda --draft-backend cpu" "$PY" -m ssd_runtime.bench \
-  "$BENCH_BUNDLE" --backend cuda --draft-backend cpu --k 0,auto --mode sequential,split \
-  --repeats 1 --max-new-tokens 64 --json "$WORK/bench-cuda-cpu-draft.json"
-
-section "done in $(( $(date +%s) - START )) s; scratch files in $WORK"
+section "done in $(( $(date +%s) - START )) s; bundles and JSON in $WORK"
+FAILED=$(grep -E '^-- .*(FAILED|SKIPPED)' "$REPORT")
+say "${FAILED:-every step ok}"
 echo "report: $REPORT"
+! grep -qE '^-- .*FAILED' "$REPORT"

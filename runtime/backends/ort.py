@@ -18,6 +18,7 @@ the arena: only new rows are written, never the past.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -154,6 +155,41 @@ class OrtCpuSession:
             and entry.graph == contract.ORT and self.device == "cpu" else None
         self._rows: RowsGraph | None = None
         self._scratch = self._allocate_scratch() if max_batch > 1 and not self.in_place else None
+        self._init_extras(max(width, PREFILL_CHUNK))
+
+    def _init_extras(self, rows: int) -> None:
+        """Host buffers for a graph's inputs and outputs beyond the contract's (docs/design.md
+        §14): a head's target writes `aux_hidden` (rows, 3·H), which `on_aux(slot, position,
+        rows)` receives after every call; a head reads `features` and `hidden` and writes
+        `hidden_out`. Host memory on every device (ONNX Runtime copies across on a GPU); a
+        call's B·T rows are its first rows, (B, T, width) row-major."""
+        self.extra_in: dict[str, np.ndarray] = {}
+        self.extra_out: dict[str, np.ndarray] = {}
+        self.on_aux: Callable[[int, int, np.ndarray], None] | None = None
+        for io, names, into in ((self.session.get_inputs(), contract.HEAD_INPUTS, self.extra_in),
+                                (self.session.get_outputs(), contract.EXTRA_OUTPUTS,
+                                 self.extra_out)):
+            for arg in io:
+                if arg.name in names:
+                    into[arg.name] = np.zeros((rows, int(arg.shape[-1])), np.float32)
+
+    def _bind_extras(self, B: int, T: int) -> None:
+        """Bind the extra inputs and outputs for a call of B rows of T tokens; before the
+        logits, which stay the last output bound (ort_cuda reads the call's logits there)."""
+        for name, buf in self.extra_in.items():
+            self._bind_host_in(name, np.float32, (B, T, buf.shape[1]), buf.ctypes.data)
+        for name, buf in self.extra_out.items():
+            self._bind_host_out(name, np.float32, (B, T, buf.shape[1]), buf.ctypes.data)
+
+    def _pass_aux(self, B: int, T: int, past_lens, real) -> None:
+        """Hand the call's aux_hidden rows to `on_aux`, each row's real ones at its positions."""
+        if self.on_aux is None or contract.AUX_HIDDEN not in self.extra_out:
+            return
+        aux = self.extra_out[contract.AUX_HIDDEN]
+        for b in range(B):
+            n = T if real is None else int(real[b])
+            if n:
+                self.on_aux(b, int(past_lens[b]), aux[b * T:b * T + n])
 
     def _open(self, path: Path, threads: int | None):
         import onnxruntime as ort
@@ -260,6 +296,7 @@ class OrtCpuSession:
         positions[:] = past_lens[:, None] + np.arange(T)
         if T > 1 and self._rows_file is not None:     # the ort target's rows graph (§11)
             (self._rows or self.open_rows()).run(B, T, int(past_lens.max()) + T)
+            self._pass_aux(B, T, past_lens, real)
             return self._rows_logits(B, T)
         if self.in_place:
             self._bind_caches(0, B)
@@ -268,12 +305,14 @@ class OrtCpuSession:
         bind_host = self._bind_host_in
         bind_host(contract.INPUT_IDS, np.int64, (B, T), self._ids_ptr)
         bind_host(contract.POSITION_IDS, np.int64, (B, T), self._pos_ptr)
+        self._bind_extras(B, T)
         self._bind_out(contract.LOGITS, self.logits_dtype, (B, T, e.vocab_size),
                        self._logits_addr)
         self._bound_len = None
         self._run_bound()
         if not self.in_place:
             self._keep_new_rows(B, T, past_lens, np.full(B, T) if real is None else real)
+        self._pass_aux(B, T, past_lens, real)
         return self._rows_logits(B, T)
 
     def _rows_logits(self, B: int, T: int) -> np.ndarray:
@@ -326,6 +365,8 @@ class OrtCpuSession:
         elif self._caches_at != (slot, 1):
             self._bind_caches(slot, 1)
             self._bound_len = None
+        if self.extra_in or self.extra_out:
+            self._bind_extras(1, n)
         if n != self._bound_len or not logits_out or logits_row:
             # ids, positions and logits are bound by length; the ort flavour never clears its
             # bindings, so consecutive calls of one length (draft steps) bind nothing
@@ -338,8 +379,14 @@ class OrtCpuSession:
                                * np.dtype(self.logits_dtype).itemsize)
             else:
                 self.binding.bind_output(contract.LOGITS, self.device, self.device_id)
-        self._bound_len = n if self.in_place and logits_out and not logits_row else None
+        # on a GPU a host input is copied across when it is bound, not when the graph runs:
+        # its new values reach the device only by binding it again (an H200 showed every
+        # single sequence of a static bundle repeating one token when this was skipped)
+        self._bound_len = n if self.in_place and logits_out and not logits_row \
+            and self.device == "cpu" else None
         self._run_bound()
+        if self.on_aux is not None:
+            self.on_aux(slot, past_len, self.extra_out[contract.AUX_HIDDEN][:n])
 
     def _bind_rows(self, past_len: int, n: int, slot: int = 0) -> None:
         """Standard graph: the past is rows [0, past_len) of the slot's rows in each arena, and
@@ -429,6 +476,8 @@ class OrtCpuSession:
         found_out = [o.name for o in self.session.get_outputs()]
         want_in = contract.input_names(self.entry.num_layers)
         want_out = contract.output_names(self.entry.num_layers, self.entry.graph)
+        found_in = [n for n in found_in if n not in contract.HEAD_INPUTS]   # a head's (§14)
+        found_out = [n for n in found_out if n not in contract.EXTRA_OUTPUTS]
         if found_in != want_in or found_out[:len(want_out)] != want_out:
             raise BackendError(f"{self.name} graph does not follow the contract: inputs "
                                f"{found_in[:4]}…, outputs {found_out[:3]}…, expected "

@@ -66,5 +66,7 @@ class RowsGraph:
         self._bind_in(contract.INPUT_IDS, np.int64, (B, T), ids)
         self._bind_in(contract.POSITION_IDS, np.int64, (B, T), positions)
         self._bind_in(contract.ATTEND_ROWS, np.int64, (live,), self.attend.ctypes.data)
+        for name, buf in owner.extra_out.items():     # a head's features (design §14)
+            self._bind_out(name, np.float32, (B, T, buf.shape[1]), buf.ctypes.data)
         self._bind_out(contract.LOGITS, owner.logits_dtype, (B, T, e.vocab_size), logits)
         self._run()

@@ -69,9 +69,40 @@ class Drafter:
         self.cut = target_vocab if draft_vocab > target_vocab else None   # draft rows to keep
         self.unknown = draft_vocab if target_vocab > draft_vocab else None   # ids to replace
 
+    extends_lookup = True       # the model may draft on after lookup's tokens (one call)
+
     def prefill(self, ids: list[int]) -> None:
         call(self.draft.prefill, self.ids(ids), 0, self.slot)
         self.draft_len = len(ids)
+
+    def feed(self, seq: list[int], drafts: list[int]) -> list[int]:
+        """What the round's first draft call takes: every token the draft has not seen, the
+        pending last included (its logits give d1), then lookup's drafts."""
+        return seq[self.draft_len:] + drafts
+
+    def catch_up(self, seq: list[int], target_len: int) -> None:
+        """Feed the draft every token before the pending last (the target's rows)."""
+        self.advance(seq[self.draft_len:target_len])
+
+    def advance(self, tokens: list[int]) -> None:
+        """Feed `tokens` at draft_len, logits unused (a draft behind catches up)."""
+        if tokens:
+            call(self.draft.prefill, self.ids(tokens), self.draft_len, self.slot)
+            self.draft_len += len(tokens)
+
+    def caught_up(self, target_len: int) -> bool:
+        """Whether it has seen every token the target has (the target's rows)."""
+        return self.draft_len >= target_len
+
+    def lagging(self, target_len: int) -> bool:
+        """Whether it must catch up now, drafting or not (a head's features would be lost)."""
+        return False
+
+    def fill(self, b: int, T: int, n: int) -> None:
+        """Set this row's inputs beyond the ids for the next call (a head's; none here)."""
+
+    def took(self, b: int, T: int, last: int) -> None:
+        """Read what the call gave beyond the logits for this row (a head's; none here)."""
 
     def ids(self, tokens: list[int]) -> np.ndarray:
         ids = np.asarray(tokens, np.int64)
@@ -94,7 +125,7 @@ class Drafter:
                 self.from_lookup = taken
                 if self.lookup.source == "prediction":
                     self.from_prediction = taken
-                if not schedule.extend_lookup(taken, k):
+                if not (self.extends_lookup and schedule.extend_lookup(taken, k)):
                     self.synced = False            # the draft has not seen these
                     return found[:taken], [None] * taken, 0
                 return found[:taken], [None] * taken, k - taken

@@ -20,6 +20,7 @@ from typing import Iterator
 import numpy as np
 
 from ..backends.base import ModelSession
+from ..contract import PREFILL_CHUNK
 from .drafting import Drafter, Schedule, call
 from .logprobs import Logprobs
 from .rules import Rule
@@ -140,6 +141,8 @@ class Loop:
         most = self.max_context if span is None else \
             int(self.max_context - 1 - span[0].max())   # every row of a call writes past it
         for row in rows:
+            if row.drafter.lagging(row.target_len) and row.schedule.uses_draft:
+                row.drafter.catch_up(row.seq, row.target_len)   # a head's features (§14)
             k = row.schedule.next_k()
             if cap is not None:
                 k = min(k, cap)
@@ -192,7 +195,7 @@ class Loop:
         drafting, steps = [], 0
         for row in rows:
             if row.left:
-                row.feed = row.seq[row.drafter.draft_len:] + row.drafts
+                row.feed = row.drafter.feed(row.seq, row.drafts)
                 drafting.append(row)
         while drafting:
             if len(drafting) == 1:               # one call of its own, in its slot
@@ -224,10 +227,11 @@ class Loop:
         — the draft skipped by k = 0 rounds — is prefilled first)."""
         drafter, feed = row.drafter, row.feed
         if len(feed) > self.draft.max_new_len:
-            call(self.draft.prefill, drafter.ids(feed[:-1]), drafter.draft_len, row.slot)
-            drafter.draft_len += len(feed) - 1
+            drafter.advance(feed[:-1])
             feed = feed[-1:]
+        drafter.fill(0, len(feed), len(feed))
         logits = call(self.draft.forward, drafter.ids(feed), drafter.draft_len, row.slot)
+        drafter.took(0, len(feed), len(feed) - 1)
         drafter.draft_len += len(feed)
         drafter.draft_calls += 1
         row.stats.draft_calls += 1
@@ -244,9 +248,7 @@ class Loop:
         draft = self.draft
         for row in drafting:
             if len(row.feed) > 2:
-                call(draft.prefill, row.drafter.ids(row.feed[:-1]), row.drafter.draft_len,
-                     row.slot)
-                row.drafter.draft_len += len(row.feed) - 1
+                row.drafter.advance(row.feed[:-1])
                 row.feed = row.feed[-1:]
         slots = max(row.slot for row in drafting) + 1
         past = np.array(span[1][:slots] if span is not None else np.zeros(slots), np.int64)
@@ -270,6 +272,8 @@ class Loop:
                     part = feed
                 ids[row.slot, :len(part)] = row.drafter.ids(part) if part else 0
                 real[row.slot] = len(part)
+                if part:
+                    row.drafter.fill(row.slot, step, len(part))
             logits = draft.forward_rows(ids, at, real)
         tops = draft.top_rows(slots)
         found = []
@@ -278,6 +282,7 @@ class Loop:
             top = None
             if tops is not None and last == logits.shape[1] - 1:
                 top = int(tops[0][row.slot]), float(tops[1][row.slot])  # the row's last's
+            row.drafter.took(row.slot, step, last)
             row.drafter.draft_len += len(row.feed)
             row.drafter.draft_calls += calls
             row.stats.draft_calls += calls
@@ -313,10 +318,12 @@ def decode(target: ModelSession, drafter: Drafter, rule: Rule, prompt: list[int]
     start = perf_counter()
     row = Row(list(prompt), rule, schedule, drafter, stats, eos_ids, max_new_tokens,
               len(prompt), logprobs=logprobs)
-    call(target.prefill, np.asarray(row.seq[:-1], np.int64), 0, row.slot)
-    row.target_len = len(row.seq) - 1
-    if schedule.uses_draft:
-        drafter.prefill(row.seq[:-1])        # else the draft catches up if it is ever used
+    prompt = np.asarray(row.seq[:-1], np.int64)
+    for at in range(0, len(prompt), PREFILL_CHUNK):     # chunk by chunk: a head reads the
+        call(target.prefill, prompt[at:at + PREFILL_CHUNK], at, row.slot)   # target's features
+        row.target_len = min(len(prompt), at + PREFILL_CHUNK)
+        if schedule.uses_draft:              # else the draft catches up if it is ever used
+            drafter.catch_up(row.seq, row.target_len)
     loop = Loop(target, drafter.draft)
     spent = stats.seconds
     spent["prefill"] = perf_counter() - start

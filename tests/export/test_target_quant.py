@@ -161,3 +161,5 @@ def test_a_calibration_file_is_read_and_a_bad_one_named(models, out, tmp_path):
     assert proc.returncode == 0, proc.stderr
     quality = read_manifest(out).target.quant_quality
     assert quality["text"] == "calib.jsonl's last 1 line(s)", quality
+    # the pair's worth reads the same text (without --calib: the target's own continuations)
+    assert read_manifest(out).pair_worth["text"] == quality["text"]

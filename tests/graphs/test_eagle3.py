@@ -263,8 +263,21 @@ def test_bad_head_folders_are_one_clear_error(tmp_path, case):
         load_head(folder)
 
 
+def test_safeailabs_training_config_reads_as_its_layout(tmp_path):
+    """SafeAILab's traineagle3/config.json names LlamaForCausalLM beside draft_vocab_size."""
+    from ssd_graphs.eagle3 import is_head
+
+    folder = write_safeailab(tmp_path / "head", published_tensors(),
+                             architectures=["LlamaForCausalLM"])
+    assert is_head(folder) and load_head(folder)[2] == SAFEAILAB
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    assert not is_head(plain)
+
+
 @pytest.mark.parametrize("config, message", [
-    ({"architectures": ["LlamaForCausalLM"]}, "not an EAGLE-3 head in a known layout"),
+    ({"architectures": ["MistralForCausalLM"]}, "not an EAGLE-3 head in a known layout"),
     ({"speculators_model_type": "eagle"}, "not 'eagle3'"),
     ({"eagle_aux_hidden_state_layer_ids": [3, 2, 0]}, "not three increasing layer numbers"),
     ({"eagle_aux_hidden_state_layer_ids": None}, "no target depth was given"),

@@ -150,3 +150,36 @@ def test_a_cpu_draft_beside_a_gpu_target_gives_the_cpu_tokens(gpu_bundle, backen
     assert (mixed.backend, mixed.draft_backend) == (backend, "cpu")
     assert mixed.backend_reason.endswith("the draft on cpu")
     assert streams(mixed, mode=mode) == streams(Generator.load(gpu_bundle, backend="cpu"))
+
+
+@pytest.fixture(scope="module")
+def static_bundles(tmp_path_factory) -> dict[str, Path]:
+    """The static flavour a GPU batches with (§2, §11): a tiny llama pair, and the same target
+    with a random EAGLE-3 head (§14), max_batch 4."""
+    root = tmp_path_factory.mktemp("static")
+    tok = tiny.build_tokenizer(root / "tokenizer")
+    target = tiny.build_model(root / "target", "llama", tok, seed=1, layers=3)
+    head = tiny.build_eagle3_head(root / "head", "safeailab", target_hidden=64,
+                                  vocab=tiny.VOCAB, hidden=32, seed=1)
+    out = {}
+    for name, draft in (("pair", tiny.truncate(target, root / "draft", 1, tok)), ("head", head)):
+        out[name] = root / f"bundle-{name}"
+        export_bundle(ExportConfig(target=str(target), draft=str(draft), output=out[name],
+                                   max_context=128, quiet=True, engines="none",
+                                   graph="static", max_batch=4))
+    return out
+
+
+@pytest.mark.parametrize("name", ["pair", "head"])
+def test_static_bundles_give_the_cpu_tokens_alone_and_in_batches(static_bundles, name):
+    """A single sequence rebinds its host inputs on every call (ONNX Runtime copies a host
+    input to the GPU when it is bound: an H200 showed every single stream of a static bundle
+    repeating one token), and a batch's rows are each the CPU's."""
+    cpu = Generator.load(static_bundles[name], backend="cpu", max_batch=4)
+    cuda = Generator.load(static_bundles[name], backend="cuda", max_batch=4)
+    assert cuda.backend == "cuda"
+    alone = streams(cpu, ks=(0,))
+    assert streams(cuda) == [s for s in alone for _ in KS]
+    for k in (0, 4, "auto"):
+        rows = cuda.generate_batch([list(p) for p in PROMPTS], max_new_tokens=32, k=k)
+        assert [r.token_ids for r in rows] == alone

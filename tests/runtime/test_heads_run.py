@@ -1,0 +1,145 @@
+"""An EAGLE-3 head drafting in the runtime (docs/design.md §14): the drafts it proposes are the
+PyTorch head's over Hugging Face's features, round after round and in a batch; the output is
+the target's alone (greedy and seeded sampling, streams, batches, a prompt longer than the
+feature ring); split mode is refused by name."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import export_cache
+import numpy as np
+import pytest
+import tiny
+import torch
+from ssd_export import ExportConfig
+from ssd_graphs.eagle3 import aux_hidden, load_head
+from ssd_runtime import Generator
+from ssd_runtime.errors import ConfigError
+from ssd_runtime.round import features
+from ssd_runtime.round.loop import Loop, Row, Stats
+from ssd_runtime.scheduler.schedule import FixedK
+
+WIDTH = 64                                      # the "llama" fixture target's hidden size
+PROMPTS = [[5, 9, 14, 3, 22, 7], [40, 2, 2, 17], [11, 60, 3, 8, 19, 25, 31, 4, 9]]
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory) -> Path:
+    """The tests' tiny Llama (3 layers, width 64) with room for a prompt longer than the ring."""
+    root = tmp_path_factory.mktemp("long-llama")
+    return tiny.build_model(root / "llama", "llama", tiny.build_tokenizer(root / "tokenizer"),
+                            seed=1, layers=3, max_position_embeddings=1024)
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory) -> Path:
+    return tiny.build_eagle3_head(tmp_path_factory.mktemp("head") / "h", "safeailab",
+                                  target_hidden=WIDTH, vocab=tiny.VOCAB, hidden=32, seed=1,
+                                  max_position_embeddings=1024)
+
+
+@pytest.fixture(scope="module")
+def bundle(target, head, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("head-run") / "b"
+    export_cache.bundle(ExportConfig(target=str(target), draft=str(head), output=out,
+                                     quiet=True, max_batch=3, max_context=1024), out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def gen(bundle) -> Generator:
+    return Generator.load(bundle, backend="cpu", threads=1, max_batch=3)
+
+
+@pytest.fixture(scope="module")
+def reference(target, head):
+    """The drafts the PyTorch head proposes after `seq` (its last token pending): features of
+    seq[:-1] from Hugging Face's target, the head over every position, then its chain."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target).eval()
+    config, module, _ = load_head(head, embed_weight=model.get_input_embeddings().weight)
+    module.eval()
+
+    @torch.no_grad()
+    def drafts(seq: list[int], k: int) -> list[int]:
+        states = model(torch.tensor([seq[:-1]]), output_hidden_states=True).hidden_states
+        hidden = module.fuse(aux_hidden(states, config.aux_layer_ids))
+        n = len(seq) - 1
+        logits, out, kv = module(torch.tensor([seq[1:]]), hidden, torch.arange(n)[None])
+        found = []
+        for step in range(k):
+            token = int(module.target_logits(logits[:, -1:]).argmax(-1))
+            found.append(token)
+            logits, out, kv = module(torch.tensor([[token]]), out[:, -1:],
+                                     torch.tensor([[n + step]]), kv)
+        return found
+
+    return drafts
+
+
+def _row(gen: Generator, prompt: list[int], k: int, slot: int = 0) -> Row:
+    req = gen.request(prompt, max_new_tokens=12, k=k)
+    schedule = FixedK(k)
+    row = Row(list(req.ids), req.rule, schedule, gen.drafter(req.rule, schedule, None, slot),
+              Stats(), req.eos_ids, 12, len(req.ids))
+    gen.target.prefill(np.asarray(row.seq[:-1], np.int64), 0, slot=slot)
+    row.target_len = len(row.seq) - 1
+    row.drafter.catch_up(row.seq, row.target_len)
+    return row
+
+
+def test_the_runtime_drafts_what_the_pytorch_head_drafts(gen, reference):
+    """Every round's drafts equal the PyTorch head's over Hugging Face's features for the
+    same committed tokens: the features reach the head at their positions, each step feeds
+    the one before, the draft vocabulary maps back through d2t, and after a verification the
+    head reads the features of what was accepted."""
+    row = _row(gen, PROMPTS[0], 3)
+    loop = Loop(gen.target, gen.draft)
+    for _ in range(4):
+        before = list(row.seq)
+        loop.round([row])
+        assert row.drafts == reference(before, 3)
+
+
+def test_a_batch_drafts_each_row_as_the_pytorch_head_does(gen, reference):
+    rows = [_row(gen, prompt, 2, slot) for slot, prompt in enumerate(PROMPTS)]
+    loop = Loop(gen.target, gen.draft)
+    for _ in range(3):
+        befores = [list(row.seq) for row in rows]
+        lengths = (np.array([row.target_len for row in rows], np.int64),
+                   np.array([row.drafter.draft_len for row in rows], np.int64))
+        loop.round(rows, lengths=lengths)
+        for row, before in zip(rows, befores):
+            assert row.drafts == reference(before, 2)
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.9, "seed": 3}])
+def test_speculation_with_a_head_is_the_target_alone(gen, sampling):
+    for prompt in PROMPTS:
+        alone = gen.generate(prompt, max_new_tokens=20, k=0, **sampling).token_ids
+        for k in (1, 4, "auto"):
+            assert gen.generate(prompt, max_new_tokens=20, k=k, **sampling).token_ids == alone
+        text = "".join(gen.stream(prompt, max_new_tokens=20, k=3, **sampling))
+        assert gen.last_result.token_ids == alone and text == gen.last_result.text
+
+
+def test_a_batch_with_a_head_gives_each_row_its_output_alone(gen):
+    alone = [gen.generate(p, max_new_tokens=16, k=0).token_ids for p in PROMPTS]
+    for k in (3, "auto"):
+        results = gen.generate_batch(PROMPTS, max_new_tokens=16, k=k)
+        assert [r.token_ids for r in results] == alone
+
+
+def test_a_prompt_longer_than_the_feature_ring(gen):
+    """The target writes features faster than a lazy head reads them: a prompt longer than
+    the ring, and a stretch at k = 0, make the head catch up before they are overwritten."""
+    prompt = [(7 * i) % (tiny.VOCAB - 1) + 1 for i in range(features.CAPACITY + 140)]
+    alone = gen.generate(prompt, max_new_tokens=10, k=0).token_ids
+    assert gen.generate(prompt, max_new_tokens=10, k=3).token_ids == alone
+    assert gen.generate_batch([prompt, PROMPTS[1]], max_new_tokens=10, k=3)[0].token_ids == alone
+
+
+def test_split_mode_is_refused_by_name(bundle):
+    with pytest.raises(ConfigError, match="split.*feature-level head"):
+        Generator.load(bundle, backend="cpu", threads=1, mode="split")
