@@ -28,7 +28,8 @@ layers {card['layers']}, its embeddings (and {head}) the target's, frozen. It sh
 target's tokenizer and chat template: `ssd-export --target TARGET --draft THIS_FOLDER`.
 
 ## Training
-- data: the target's own answers to {d['answered']} prompts ({d['prompt_source']}; a quarter
+- data: the target's own answers to {d['answered']} of {d['asked']} prompts
+  ({d['prompt_source']}; fewer when the answer budget was hit; a quarter
   sampled at temperature 1, the rest greedy; {d['answer_positions']:,} positions,
   {d['answer_seconds']} s at {d['answer_tokens_per_s']} tok/s) and {d['text_positions']:,}
   positions of {d['text_files']} text file(s), each labelled with the target's top-{s['top_k']}
@@ -44,6 +45,53 @@ target's tokenizer and chat template: `ssd-export --target TARGET --draft THIS_F
   answers to {d['heldout_prompts']} held-out prompts: **{h['agreement']}** (the copied
   layers before training: {h['agreement_before_training']})
 {pair}
+## Reproduce
+`{command}`
+"""
+
+
+def head_card(card: dict) -> str:
+    """The EAGLE-3 head's card (README.md beside config.json and model.safetensors)."""
+    s, d, t, h = card["settings"], card["data"], card["train"], card["heldout"]
+    steps = ", ".join(f"step {j + 1}: **{a}**" for j, a in enumerate(h["agreement"]))
+    early = " (train budget hit)" if t["stopped_early"] else ""
+    command = card.get("command") or (f"ssd-distill --kind head --target {card['target']} "
+                                      f"--preset {card['preset']}")
+    return f"""# EAGLE-3 head for `{card['target']}`, made by ssd-distill ({card['preset']} preset)
+
+One decoder layer over the target's hidden states entering its layers
+{card['aux_layer_ids']} (fused by `fc`) and the next token's embedding (the target's table,
+not stored here), drafting over the {card['draft_vocab_size']:,} tokens the target emits most
+often of its {card['vocab_size']:,} (`d2t`, `t2d`; the target's argmax at
+{card['draft_vocab_coverage']:.1%} of training positions). SafeAILab's layout
+(`LlamaForCausalLMEagle3`): `ssd-export --target TARGET --draft THIS_FOLDER`, and the servers
+that load SafeAILab's EAGLE-3 heads (vLLM, SGLang, TensorRT-LLM) take it as it is.
+
+## Size and cost
+- {card['parameters']:,} parameters ({card['bytes'] / 2**20:.1f} MiB in float32) against the
+  target's {card['target_parameters']:,}; a drafted token multiplies by about
+  {card['cost_ratio']:.1%} of the weights a target step does (before any measurement of time:
+  `ssd-export`'s worth check and `ssd-bench` measure c)
+
+## Training
+- data: the target's own answers to {d['answered']} of {d['asked']} prompts
+  ({d['prompt_source']}; fewer when the answer budget was hit; a quarter
+  sampled at temperature 1, the rest greedy; {d['answer_positions']:,} positions) and
+  {d['text_positions']:,} positions of {d['text_files']} text file(s), each labelled with the
+  target's top-{s['top_k']} log-probs; its features teacher-forced in {card['feature_seconds']} s
+- {s['ttt_steps']} drafting steps unrolled per position (SafeAILab's training-time test), loss
+  Σ 0.8^j · CE(target restricted to the draft vocabulary, head); AdamW, cosine schedule, lr
+  {s['lr']}, clip {s['clip']}, batches of {s['batch']} rows, {t['steps']}/{t['planned_steps']}
+  steps{early} in {t['seconds']} s on {card['device']}, final loss {t['loss']}
+- seed {card['seed']}, {card['threads']} threads, {card['machine']}; total wall time
+  {card['total_seconds']} s, peak RSS {card['peak_rss_gib']} GiB
+
+## Measured
+- teacher-forced top-1 agreement with the target on {h['positions']:,} positions of its answers
+  to {d['heldout_prompts']} held-out prompts, each drafting step fed the head's own previous
+  output: {steps} (the target's argmax is in the draft vocabulary at
+  {h['draft_vocab_coverage']:.1%} of them: the most any step can reach)
+
 ## Reproduce
 `{command}`
 """

@@ -9,7 +9,7 @@ from typing import get_args
 
 from ssd_runtime.errors import cli_main
 
-from .config import PRESETS, DistillConfig, Init, Loss
+from .config import PRESETS, DistillConfig, Init, Kind, Loss
 
 EXTRA_HINT = ("ssd-distill needs the exporter's packages (torch, transformers, onnx, "
               "onnxscript). ---> HINT: pip install 'ssd-toolkit[export]'")
@@ -18,10 +18,15 @@ EXTRA_HINT = ("ssd-distill needs the exporter's packages (torch, transformers, o
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ssd-distill",
-        description="Make a draft model from a target: a few of its layers, trained on its own "
-                    "answers and next-token distributions; ssd-export --draft takes the folder.")
+        description="Make a draft model from a target: a few of its layers (or an EAGLE-3 "
+                    "head over its hidden states, --kind head), trained on its own answers and "
+                    "next-token distributions; ssd-export --draft takes the folder.")
     p.add_argument("--target", required=True, help="target model: local Hugging Face folder or hub id")
-    p.add_argument("--output", required=True, type=Path, help="draft folder to write")
+    p.add_argument("--output", required=True, type=Path, help="draft (or head) folder to write")
+    p.add_argument("--kind", choices=get_args(Kind), default="draft",
+                   help="draft: a small model of the target's class (ssd-export --draft); "
+                        "head: an EAGLE-3 head over the target's hidden states, in SafeAILab's "
+                        "layout (docs/distill.md §8)")
     p.add_argument("--preset", choices=sorted(PRESETS), default="default",
                    help="quick (a tiny test target, about a minute), default (a 100-300M "
                         "target in at most 45 minutes on 2 cores), large (hours)")
@@ -36,9 +41,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace --output once the new draft is complete; start over an "
                         "interrupted run")
     p.add_argument("--layers", type=int, default=None, help="draft layers (default: the preset's)")
-    p.add_argument("--head-tokens", type=int, default=None,
-                   help="the draft's head covers the target's N most frequent output tokens "
-                        "(0: the whole vocabulary; default: the preset's)")
+    p.add_argument("--head-tokens", "--draft-vocab", type=int, default=None, dest="head_tokens",
+                   help="the draft's output vocabulary: the target's N most frequent output "
+                        "tokens (0: the whole vocabulary; default: the preset's; for a head, "
+                        "its draft_vocab_size)")
+    p.add_argument("--epochs", type=float, default=None, help="passes over the training rows "
+                   "(default: the preset's)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="a fixed number of optimizer steps instead of --epochs")
+    p.add_argument("--ttt-steps", type=int, default=None,
+                   help="--kind head: drafting steps unrolled per position in training "
+                        "(default: the preset's, 4)")
     p.add_argument("--loss", choices=get_args(Loss), default="mix",
                    help="soft labels (kl), the target's argmax (top1), or half each (mix)")
     p.add_argument("--init", choices=get_args(Init), default="spread",
@@ -55,14 +68,19 @@ def build_parser() -> argparse.ArgumentParser:
 @cli_main("ssd-distill", "interrupted; the work so far is kept: rerun with --resume.")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    config = DistillConfig(target=args.target, output=args.output, preset=args.preset,
+    config = DistillConfig(target=args.target, output=args.output, kind=args.kind,
+                           preset=args.preset, epochs=args.epochs, steps=args.steps,
+                           ttt_steps=args.ttt_steps,
                            data=tuple(args.data), prompts=args.prompts, threads=args.threads,
                            resume=args.resume, force=args.force, quiet=args.quiet,
                            seed=args.seed, layers=args.layers, head_tokens=args.head_tokens,
                            loss=args.loss, init=args.init, bundle=args.bundle,
                            check=not args.no_check)
     try:
-        from .pipeline import distill
+        if config.kind == "head":
+            from .head import distill_head as distill
+        else:
+            from .pipeline import distill
     except ImportError as exc:
         print(f"ssd-distill: error: {EXTRA_HINT} (missing: {exc.name})", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ from ssd_runtime.errors import ConfigError
 PresetName = Literal["quick", "default", "large"]
 Loss = Literal["mix", "kl", "top1"]     # soft labels, the target's argmax, or a mix of both
 Init = Literal["spread", "first"]       # which target layers the draft's layers start from
+Kind = Literal["draft", "head"]         # a small model of the target's class, or an EAGLE-3 head
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,9 @@ class Preset:
     generate_budget_s: float = 3600.0
     train_budget_s: float = 3600.0
     min_tokens: int = 2000   # labelled positions below which training is refused
+    steps: int | None = None     # optimizer steps; None: as many as `epochs` take
+    clip: float = 1.0            # gradient norm clipping
+    ttt_steps: int = 1           # --kind head: drafting steps unrolled per position (§8)
 
 
 # Sized on this project's 2-core CPU (2026-12-03, docs/distill.md): SmolLM2-135M answers at
@@ -54,11 +58,32 @@ PRESETS: dict[str, Preset] = {
                     generate_budget_s=5400, train_budget_s=7200),
 }
 
+# --kind head (docs/distill.md §8): the same answers, one decoder layer trained with several
+# drafting steps unrolled per position. SafeAILab's own recipe (eagle/traineagle3) unrolls 7
+# steps, clips at 0.5, AdamW betas (0.9, 0.95), no weight decay, peak lr 5e-5 over 40 epochs of
+# 68k conversations on 8 GPUs; on 2 CPU cores the run is ~10^4 times smaller, hence a larger lr
+# and 4 unrolled steps (the runtime's k is rarely above 4 on CPU). `head_tokens` is the draft
+# vocabulary (d2t's length); `layers` is unused. SmolLM2-135M, 256 answers (2026-12-04, one
+# loaded core): 4 epochs (128 steps, 10 min) gave held-out agreement 0.246 at step 1, 12 epochs
+# (384 steps, 38 min) 0.340, the loss still falling (docs/distill.md §8).
+HEAD_PRESETS: dict[str, Preset] = {
+    "quick": Preset(layers=1, prompts=24, new_tokens=24, text_tokens=2048, seq_len=96, batch=8,
+                    epochs=8, lr=3e-3, head_tokens=None, generate_budget_s=120,
+                    train_budget_s=120, min_tokens=200, clip=0.5, ttt_steps=3),
+    "default": Preset(layers=1, prompts=400, new_tokens=128, text_tokens=65536, seq_len=320,
+                      batch=8, epochs=12, lr=1e-3, head_tokens=8192, generate_budget_s=1080,
+                      train_budget_s=2400, clip=0.5, ttt_steps=4),
+    "large": Preset(layers=1, prompts=2250, new_tokens=256, text_tokens=262144, seq_len=512,
+                    batch=8, epochs=4, lr=5e-4, head_tokens=16384, generate_budget_s=5400,
+                    train_budget_s=14400, clip=0.5, ttt_steps=7),
+}
+
 
 @dataclass(frozen=True)
 class DistillConfig:
     target: str                          # local Hugging Face folder or hub id
-    output: Path                         # the draft folder to write
+    output: Path                         # the draft (or head) folder to write
+    kind: Kind = "draft"
     preset: PresetName = "default"
     data: tuple[Path, ...] = ()          # the user's text files, labelled by the target
     prompts: Path | None = None          # JSONL of {"prompt": ...} or {"messages": [...]}
@@ -73,6 +98,9 @@ class DistillConfig:
     init: Init = "spread"
     bundle: Path | None = None           # keep the report's export here (else a temporary one)
     check: bool = True                   # export the pair and measure its worth at the end
+    epochs: float | None = None          # override the preset's
+    steps: int | None = None             # a fixed count of optimizer steps instead of epochs
+    ttt_steps: int | None = None         # --kind head: override the preset's
     overrides: dict = field(default_factory=dict, compare=False)  # tests: smaller presets
 
     def __post_init__(self) -> None:
@@ -83,7 +111,8 @@ class DistillConfig:
             object.__setattr__(self, "prompts", Path(self.prompts))
         if self.bundle is not None:
             object.__setattr__(self, "bundle", Path(self.bundle))
-        for name, kind in (("preset", PresetName), ("loss", Loss), ("init", Init)):
+        for name, kind in (("preset", PresetName), ("loss", Loss), ("init", Init),
+                           ("kind", Kind)):
             if getattr(self, name) not in get_args(kind):
                 raise ConfigError(f"DistillConfig {name}={getattr(self, name)!r} is not one of "
                                   f"{', '.join(get_args(kind))}.")
@@ -94,12 +123,31 @@ class DistillConfig:
                               f"vocabulary) or a positive count.")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads {self.threads} must be at least 1.")
+        for name in ("epochs", "steps", "ttt_steps"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')} {value} must be positive.")
+        if self.kind == "head" and self.bundle is not None:
+            raise ConfigError("--bundle applies to a draft. ---> HINT: export the head with "
+                              "ssd-export --target TARGET --draft HEAD_FOLDER.")
+        if self.kind == "head" and (self.layers is not None or self.loss != "mix"
+                                    or self.init != "spread"):
+            raise ConfigError("--layers, --loss and --init shape a draft; a head is one layer "
+                              "trained on SafeAILab's loss (docs/distill.md §8). ---> HINT: "
+                              "drop them with --kind head.")
+        if self.ttt_steps is not None and self.kind != "head":
+            raise ConfigError("--ttt-steps applies to --kind head only. ---> HINT: drop it, or "
+                              "add --kind head.")
 
     @property
     def settings(self) -> Preset:
         """The preset with this run's overrides applied."""
         from dataclasses import replace
-        preset = replace(PRESETS[self.preset], **self.overrides)
+        presets = HEAD_PRESETS if self.kind == "head" else PRESETS
+        preset = replace(presets[self.preset], **self.overrides)
+        for name in ("epochs", "steps", "ttt_steps"):
+            if getattr(self, name) is not None:
+                preset = replace(preset, **{name: getattr(self, name)})
         if self.layers is not None:
             preset = replace(preset, layers=self.layers)
         if self.head_tokens is not None:

@@ -30,17 +30,23 @@ class Rows:
     top_ids: torch.Tensor    # (N, L, K) int32
     top_logp: torch.Tensor   # (N, L, K) float16
     argmax: torch.Tensor     # (N, L) int64
+    features: torch.Tensor | None = None   # (N, L, 3H) float16: --kind head, the target's
+                                           # hidden states at the head's layers (head_data.py)
 
     @property
     def positions(self) -> int:
         return int(self.mask.sum())
 
     def select(self, index: torch.Tensor) -> "Rows":
-        return Rows(self.ids[index], self.mask[index], self.top_ids[index],
-                    self.top_logp[index], self.argmax[index])
+        return Rows(**{k: v[index] for k, v in self.as_dict().items()})
+
+    def trim(self, width: int) -> "Rows":
+        """The first `width` positions of every row."""
+        return Rows(**{k: v[:, :width] for k, v in self.as_dict().items()})
 
     def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("ids", "mask", "top_ids", "top_logp", "argmax")}
+        names = ("ids", "mask", "top_ids", "top_logp", "argmax", "features")
+        return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
 
 
 def read_prompts(path: Path | None) -> list[Any]:

@@ -7,27 +7,19 @@ import os
 
 from ssd_runtime.errors import ConfigError
 
-from .config import PRESETS, Preset
+from .config import HEAD_PRESETS, PRESETS, Preset
 
 ANSWER_BATCH = 32        # rows the target answers at once (data.answer)
 
 
 def estimate(target, preset: Preset) -> int:
     """Bytes the run needs at its peak, roughly (float32 throughout)."""
-    cfg = target.config
-    params = sum(p.numel() for p in target.parameters())
-    hidden, vocab = int(cfg.hidden_size), int(cfg.vocab_size)
-    layers = int(cfg.num_hidden_layers)
-    kv_dim = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads) * int(
-        getattr(cfg, "head_dim", None) or hidden // cfg.num_attention_heads)
-    answering = ANSWER_BATCH * (preset.seq_len * layers * 2 * kv_dim + 4 * vocab) * 4
-    labels = (preset.prompts + preset.text_tokens // max(preset.seq_len, 1)) * preset.seq_len \
-        * (preset.top_k * 6 + 24)
+    params, hidden, vocab, layers, shared = _target_and_labels(target, preset)
     per_layer = params / max(layers, 1)
     draft = per_layer * preset.layers * 4 * 4           # weights, grads, two Adam moments
     head = preset.head_tokens or vocab
     activations = preset.batch * preset.seq_len * (hidden * preset.layers * 40 + head * 3) * 4
-    return int(params * 4 * 2 + answering + labels + draft + activations)
+    return int(shared + draft + activations)
 
 
 def available() -> int | None:
@@ -42,13 +34,49 @@ def available() -> int | None:
     return None
 
 
-def check_memory(target, preset: Preset, name: str) -> None:
+def check_memory(target, preset: Preset, name: str, kind: str = "draft") -> int:
+    """The run's estimated peak in bytes, or one error naming the preset that fits."""
     have = available()
-    need = estimate(target, preset)
+    measure = estimate_head if kind == "head" else estimate
+    need = measure(target, preset)
     if have is None or need <= have:
-        return
-    fits = [n for n, p in PRESETS.items() if estimate(target, p) <= have]
+        return need
+    presets = HEAD_PRESETS if kind == "head" else PRESETS
+    fits = [n for n, p in presets.items() if measure(target, p) <= have]
     raise ConfigError(f"the {name} preset needs about {need / 2**30:.1f} GiB for this target "
                       f"and {have / 2**30:.1f} GiB are available. ---> HINT: "
                       + (f"use --preset {fits[-1]}" if fits else "free memory, or use a machine "
                          "with more") + f" (os reports {os.cpu_count()} cores).")
+
+
+def estimate_head(target, preset: Preset) -> int:
+    """Bytes a head's run needs at its peak, roughly: the target and its answering as for a
+    draft, the labels, the features (3H float16 a position), the head's training state, and
+    the activations of `ttt_steps` unrolled steps (the draft-vocabulary logits dominate)."""
+    _, hidden, vocab, _, shared = _target_and_labels(target, preset)
+    rows = preset.prompts + preset.text_tokens // max(preset.seq_len, 1)
+    features = rows * preset.seq_len * 3 * hidden * 2
+    head_vocab = preset.head_tokens or vocab
+    inter = int(getattr(target.config, "intermediate_size", None) or 4 * hidden)
+    head = (3 * hidden * hidden + 4 * hidden * hidden + 3 * hidden * inter
+            + hidden * head_vocab) * 4 * 4               # weights, grads, two Adam moments
+    positions = preset.batch * preset.seq_len * preset.ttt_steps
+    activations = positions * (hidden * 30 + inter * 4 + head_vocab * 3
+                               + preset.seq_len * preset.ttt_steps * 2) * 4
+    return int(shared + features + head + activations)
+
+
+def _target_and_labels(target, preset: Preset) -> tuple[int, int, int, int, int]:
+    """(target parameters, hidden size, vocabulary, layers, bytes of what a draft's and a
+    head's runs both hold: the target twice over, its KV cache and logits while answering,
+    the labels)."""
+    cfg = target.config
+    params = sum(p.numel() for p in target.parameters())
+    hidden, vocab = int(cfg.hidden_size), int(cfg.vocab_size)
+    layers = int(cfg.num_hidden_layers)
+    kv_dim = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads) * int(
+        getattr(cfg, "head_dim", None) or hidden // cfg.num_attention_heads)
+    answering = ANSWER_BATCH * (preset.seq_len * layers * 2 * kv_dim + 4 * vocab) * 4
+    labels = (preset.prompts + preset.text_tokens // max(preset.seq_len, 1)) * preset.seq_len \
+        * (preset.top_k * 6 + 24)
+    return params, hidden, vocab, layers, int(params * 4 * 2 + answering + labels)

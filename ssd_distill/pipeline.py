@@ -26,7 +26,7 @@ from .config import DistillConfig, Preset
 from .data import Rows, answer, concat, encode_prompt, label_text, read_prompts, read_texts
 from .memory import check_memory
 from .student import freeze_embeddings, make_student, output_vocab, save_draft
-from .train import agreement, train
+from .train import MIX, agreement, loss_terms, train
 
 MIN_PROMPTS = 4
 
@@ -37,27 +37,40 @@ def distill(config: DistillConfig) -> dict:
     preset = config.settings
     out = config.output.absolute()
     work = out.with_name(out.name + ".partial")
-    _check_paths(config, out, work)
+    check_paths(config, out, work)
     torch.set_num_threads(config.threads or max(1, os.cpu_count() or 1))
-    prompts = read_prompts(config.prompts)
-    if len(prompts) < MIN_PROMPTS:
-        raise ConfigError(f"--prompts {config.prompts} has {len(prompts)} prompts; at least "
-                          f"{MIN_PROMPTS} are needed (the preset answers {preset.prompts}; "
-                          f"fewer are cycled). ---> HINT: add prompts, or leave --prompts out "
-                          f"for the shipped 750.")
-    texts = read_texts(config.data)
+    prompts, texts = read_inputs(config, preset)
     log.stage("load the target")
-    target, tokenizer = _load_target(config.target)
+    target, tokenizer = load_target(config.target)
     check_memory(target, preset, config.preset)
     if not config.resume:
         work.mkdir(parents=True)
-        (work / "run.json").write_text(json.dumps(_run_key(config), indent=2))
+        (work / "run.json").write_text(json.dumps(run_key(config), indent=2))
     try:
         return _distill(config, preset, target, tokenizer, prompts, texts, out, work, log)
     except ConfigError:      # a refusal after the start: nothing of this run is kept
         if not config.resume:
             shutil.rmtree(work, ignore_errors=True)
         raise
+
+
+def read_inputs(config: DistillConfig, preset: Preset) -> tuple[list, list[str]]:
+    """The prompts the target answers (at least MIN_PROMPTS) and the user's texts."""
+    prompts = read_prompts(config.prompts)
+    if len(prompts) < MIN_PROMPTS:
+        raise ConfigError(f"--prompts {config.prompts} has {len(prompts)} prompts; at least "
+                          f"{MIN_PROMPTS} are needed (the preset answers {preset.prompts}; "
+                          f"fewer are cycled). ---> HINT: add prompts, or leave --prompts out "
+                          f"for the shipped 750.")
+    return prompts, read_texts(config.data)
+
+
+def check_enough(rows: Rows, preset: Preset, name: str) -> None:
+    if rows.positions < preset.min_tokens:
+        raise ConfigError(f"too little text to train on: {rows.positions} labelled "
+                          f"positions, the {name} preset needs at least "
+                          f"{preset.min_tokens}. ---> HINT: give more prompts (--prompts) or "
+                          f"text (--data FILE), or a larger preset.")
 
 
 CALIB = "calib.jsonl"   # the target's answers, for ssd-export --calib
@@ -67,17 +80,14 @@ def _distill(config: DistillConfig, preset: Preset, target, tokenizer, prompts: 
              texts: list[str], out: Path, work: Path, log: "Log") -> dict:
     t0 = log.t0
     log.stage("the target answers prompts and labels text")
-    train_rows, held_rows, data_info = _data(config, preset, target, tokenizer, prompts, texts,
-                                             work, log)
-    if train_rows.positions < preset.min_tokens:
-        raise ConfigError(f"too little text to train on: {train_rows.positions} labelled "
-                          f"positions, the {config.preset} preset needs at least "
-                          f"{preset.min_tokens}. ---> HINT: give more prompts (--prompts) or "
-                          f"text (--data FILE), or a larger preset.")
+    train_rows, held_rows, data_info = target_rows(config, preset, target, tokenizer, prompts,
+                                                   texts, work, log)
+    check_enough(train_rows, preset, config.preset)
 
     log.stage("the draft's output vocabulary and layers")
     vocab = int(target.config.vocab_size)
-    keep = sorted({int(t) for t in [*_eos(target), *tokenizer.all_special_ids] if 0 <= t < vocab})
+    keep = sorted({int(t) for t in [*eos_ids(target), *tokenizer.all_special_ids]
+                   if 0 <= t < vocab})
     ids = output_vocab(train_rows.argmax, train_rows.top_ids, train_rows.mask, vocab,
                        preset.head_tokens, keep)
     ids_t = None if ids is None else torch.tensor(ids)
@@ -94,8 +104,11 @@ def _distill(config: DistillConfig, preset: Preset, target, tokenizer, prompts: 
              f"{sum(p.numel() for p in params):,} parameters train")
 
     log.stage("train")
-    result = train(student, params, train_rows, preset, config.loss, ids_t, vocab_map,
-                   config.seed + 1, work / "checkpoint.pt", config.resume, log.bar("train"))
+    def loss_fn(batch: Rows) -> torch.Tensor:
+        return loss_terms(student, batch, vocab_map, ids_t, MIX[config.loss])
+
+    result = train(student, params, train_rows, preset, loss_fn, config.seed + 1,
+                   work / "checkpoint.pt", config.resume, log.bar("train"))
     if result.stopped_early:
         log.line(f"the train budget of {preset.train_budget_s:.0f} s was hit at step "
                  f"{result.steps}/{result.planned_steps} (recorded in the card)")
@@ -133,7 +146,7 @@ def _distill(config: DistillConfig, preset: Preset, target, tokenizer, prompts: 
     card["total_seconds"] = round(time.monotonic() - t0, 1)
     (draft_dir / "distill.json").write_text(json.dumps(card, indent=2) + "\n")
     (draft_dir / "README.md").write_text(model_card(card))
-    _publish(draft_dir, out, config.force)
+    publish(draft_dir, out, config.force)
     shutil.rmtree(work, ignore_errors=True)
     log.line(f"ssd-distill: wrote {out} in {card['total_seconds']:.0f} s")
     return card
@@ -178,7 +191,9 @@ class Log:
         return progress
 
 
-def _check_paths(config: DistillConfig, out: Path, work: Path) -> None:
+def check_paths(config: DistillConfig, out: Path, work: Path) -> None:
+    """The output is free (or --force), an interrupted run is resumed or replaced only when
+    asked, with the settings it was started with."""
     if out.exists() and not config.force:
         raise ConfigError(f"output {out} already exists. ---> HINT: pass --force to replace it "
                           f"(only once the new draft is complete), or choose another --output.")
@@ -201,7 +216,7 @@ def _check_paths(config: DistillConfig, out: Path, work: Path) -> None:
         saved = work / "run.json"
         if saved.exists():
             before = json.loads(saved.read_text())
-            now = _run_key(config)
+            now = run_key(config)
             if before != now:
                 changed = ", ".join(k for k in now if before.get(k) != now[k])
                 raise ConfigError(f"--resume: {work} was started with other settings "
@@ -209,15 +224,16 @@ def _check_paths(config: DistillConfig, out: Path, work: Path) -> None:
                                   f"--force to start over.")
 
 
-def _run_key(config: DistillConfig) -> dict:
+def run_key(config: DistillConfig) -> dict:
     return {"target": str(Path(config.target).absolute()) if Path(config.target).exists()
-            else config.target, "preset": config.preset, "settings": asdict(config.settings),
+            else config.target, "kind": config.kind, "preset": config.preset,
+            "settings": asdict(config.settings),
             "data": [str(p.absolute()) for p in config.data],
             "prompts": str(config.prompts.absolute()) if config.prompts else None,
             "seed": config.seed, "loss": config.loss, "init": config.init}
 
 
-def _load_target(source: str):
+def load_target(source: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -245,7 +261,7 @@ def _load_target(source: str):
     return model.eval().requires_grad_(False), tokenizer
 
 
-def _data(config: DistillConfig, preset: Preset, target, tokenizer, prompts: list, texts,
+def target_rows(config: DistillConfig, preset: Preset, target, tokenizer, prompts: list, texts,
           work: Path, log: Log) -> tuple[Rows, Rows, dict]:
     """The labelled rows, made once and kept in the work folder for --resume."""
     saved = work / "data.pt"
@@ -261,7 +277,7 @@ def _data(config: DistillConfig, preset: Preset, target, tokenizer, prompts: lis
     held_set = {id(e) for e in held}
     pool = [e for e in encoded if id(e) not in held_set]
     chosen = [pool[i % len(pool)] for i in range(preset.prompts)]
-    eos = _eos(target)
+    eos = eos_ids(target)
     t0 = time.monotonic()
     held_rows = answer(target, held, preset, eos, config.seed + 7, log.bar("held-out answers"))
     train_rows = answer(target, chosen, preset, eos, config.seed, log.bar("answers"),
@@ -348,7 +364,7 @@ def _worth(config: DistillConfig, draft_dir: Path, calib: Path | None, log: Log)
             shutil.rmtree(bundle.parent, ignore_errors=True)
 
 
-def _publish(draft_dir: Path, out: Path, force: bool) -> None:
+def publish(draft_dir: Path, out: Path, force: bool) -> None:
     if out.exists():
         if not force:
             raise ConfigError(f"output {out} appeared during the run. ---> HINT: --force.")
@@ -358,7 +374,7 @@ def _publish(draft_dir: Path, out: Path, force: bool) -> None:
     draft_dir.rename(out)
 
 
-def _eos(model) -> list[int]:
+def eos_ids(model) -> list[int]:
     eos = getattr(model.generation_config, "eos_token_id", None)
     if eos is None:
         eos = getattr(model.config, "eos_token_id", None)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,13 +61,15 @@ def loss_terms(student, rows: Rows, vocab_map: torch.Tensor | None,
     return (soft_weight * soft + (1 - soft_weight) * hard).mean()
 
 
-def train(student, params: list[torch.nn.Parameter], rows: Rows, preset: Preset, loss: str,
-          ids: torch.Tensor | None, vocab_map: torch.Tensor | None, seed: int,
+def train(model: torch.nn.Module, params: list[torch.nn.Parameter], rows: Rows,
+          preset: Preset, loss_fn: Callable[[Rows], torch.Tensor], seed: int,
           checkpoint: Path, resume: bool, progress: Callable[[int, int, str], None]
           ) -> TrainResult:
-    """AdamW with a cosine schedule over a fixed number of steps, resumed from `checkpoint`
-    when asked (weights, optimizer, step and sampling state)."""
-    steps = max(1, math.ceil(preset.epochs * len(rows.ids) / preset.batch))
+    """AdamW with a cosine schedule over a fixed number of steps (preset.steps, else
+    preset.epochs over the rows), each on a random batch of rows trimmed of padding and scored
+    by `loss_fn`; resumed from `checkpoint` when asked (weights, optimizer, step and sampling
+    state). The draft and the head (--kind head) share it."""
+    steps = preset.steps or max(1, math.ceil(preset.epochs * len(rows.ids) / preset.batch))
     warmup = max(1, steps // 20)
     opt = torch.optim.AdamW(params, lr=preset.lr, betas=(0.9, 0.95), weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -74,7 +78,7 @@ def train(student, params: list[torch.nn.Parameter], rows: Rows, preset: Preset,
     gen = torch.Generator().manual_seed(seed)
     step, seconds_before, tokens, loss_ema = 0, 0.0, 0, float("nan")
     if resume and checkpoint.exists():
-        state = torch.load(checkpoint, weights_only=False)
+        state = torch.load(checkpoint, weights_only=False, map_location="cpu")
         for p, saved in zip(params, state["params"]):
             p.data.copy_(saved)
         opt.load_state_dict(state["opt"])
@@ -82,35 +86,40 @@ def train(student, params: list[torch.nn.Parameter], rows: Rows, preset: Preset,
         gen.set_state(state["gen"])
         step, seconds_before, tokens = state["step"], state["seconds"], state["tokens"]
         loss_ema = state["loss_ema"]
-    soft_weight = MIX[loss]
-    student.train()
+    model.train()
     start, last_save = time.monotonic(), time.monotonic()
     stopped = False
-    while step < steps:
-        index = torch.randint(0, len(rows.ids), (preset.batch,), generator=gen)
-        batch = rows.select(index)
-        width = int(batch.mask.any(0).nonzero().max()) + 1                # trim the padding
-        batch = Rows(batch.ids[:, :width], batch.mask[:, :width], batch.top_ids[:, :width],
-                     batch.top_logp[:, :width], batch.argmax[:, :width])
-        value = loss_terms(student, batch, vocab_map, ids, soft_weight)
-        value.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        step += 1
-        tokens += batch.positions
-        loss_ema = value.item() if math.isnan(loss_ema) else 0.95 * loss_ema + 0.05 * value.item()
-        elapsed = seconds_before + time.monotonic() - start
-        progress(step, steps, f"loss {loss_ema:.3f}, {tokens / max(elapsed, 1e-6):,.0f} tok/s")
-        if time.monotonic() - last_save > CHECKPOINT_S or step == steps:
-            _save(checkpoint, params, opt, sched, gen, step, elapsed, tokens, loss_ema)
-            last_save = time.monotonic()
-        if elapsed > preset.train_budget_s and step < steps:
-            _save(checkpoint, params, opt, sched, gen, step, elapsed, tokens, loss_ema)
-            stopped = True
-            break
-    student.eval()
+    interrupted = _defer_interrupt()
+    try:
+        while step < steps:
+            index = torch.randint(0, len(rows.ids), (preset.batch,), generator=gen)
+            batch = rows.select(index)
+            width = int(batch.mask.any(0).nonzero().max()) + 1                # trim the padding
+            value = loss_fn(batch.trim(width))
+            value.backward()
+            torch.nn.utils.clip_grad_norm_(params, preset.clip)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            tokens += batch.positions
+            loss_ema = value.item() if math.isnan(loss_ema) else \
+                0.95 * loss_ema + 0.05 * value.item()
+            elapsed = seconds_before + time.monotonic() - start
+            progress(step, steps, f"loss {loss_ema:.3f}, {tokens / max(elapsed, 1e-6):,.0f} tok/s")
+            if time.monotonic() - last_save > CHECKPOINT_S or step == steps:
+                _save(checkpoint, params, opt, sched, gen, step, elapsed, tokens, loss_ema)
+                last_save = time.monotonic()
+            if interrupted():      # Ctrl-C: this step is done and kept, then the run stops
+                _save(checkpoint, params, opt, sched, gen, step, elapsed, tokens, loss_ema)
+                raise KeyboardInterrupt
+            if elapsed > preset.train_budget_s and step < steps:
+                _save(checkpoint, params, opt, sched, gen, step, elapsed, tokens, loss_ema)
+                stopped = True
+                break
+    finally:
+        interrupted.restore()
+    model.eval()
     elapsed = seconds_before + time.monotonic() - start
     return TrainResult(step, steps, round(elapsed, 1), round(loss_ema, 4),
                        round(tokens / max(elapsed, 1e-6), 1), stopped)
@@ -139,3 +148,28 @@ def _save(path: Path, params, opt, sched, gen, step, seconds, tokens, loss_ema) 
                 "sched": sched.state_dict(), "gen": gen.get_state(), "step": step,
                 "seconds": seconds, "tokens": tokens, "loss_ema": loss_ema}, tmp)
     tmp.replace(path)
+
+
+class _defer_interrupt:
+    """Ctrl-C (SIGINT) during training is noted and acted on between two steps, so that the
+    checkpoint written then holds whole steps (weights and optimizer in step). Only the main
+    thread can take signals; elsewhere Ctrl-C stays Python's default."""
+
+    def __init__(self) -> None:
+        self.asked = False
+        self.old = None
+        if threading.current_thread() is threading.main_thread():
+            self.old = signal.signal(signal.SIGINT, self._note)
+
+    def _note(self, signum, frame) -> None:
+        self.asked = True
+
+    def __call__(self) -> bool:
+        if self.asked:
+            self.restore()
+        return self.asked
+
+    def restore(self) -> None:
+        if self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
+            self.old = None
