@@ -242,7 +242,7 @@ class Batch:
                 # nothing), or the row is not fed (its drafts would not save what this
                 # prefill costs, batch_cost.plan); a row's draft catches up when it first
                 # drafts (loop.py)
-                drafter, synced = row.drafter, row.drafter.caught_up(row.target_len)
+                drafter, synced = row.drafter, row.drafter.synced_with(row.target_len)
                 row.target_len += len(chunk)
                 if row.schedule.uses_draft and (self._cap != 0 and synced and drafter.fed
                                                 or drafter.lagging(row.target_len)):

@@ -75,10 +75,6 @@ class Drafter:
 
     extends_lookup = True       # the model may draft on after lookup's tokens (one call)
 
-    def prefill(self, ids: list[int]) -> None:
-        call(self.draft.prefill, self.ids(ids), 0, self.slot)
-        self.draft_len = len(ids)
-
     def feed(self, seq: list[int], drafts: list[int]) -> list[int]:
         """What the round's first draft call takes: every token the draft has not seen, the
         pending last included (its logits give d1), then lookup's drafts."""
@@ -94,7 +90,7 @@ class Drafter:
             call(self.draft.prefill, self.ids(tokens), self.draft_len, self.slot)
             self.draft_len += len(tokens)
 
-    def caught_up(self, target_len: int) -> bool:
+    def synced_with(self, target_len: int) -> bool:
         """Whether it has seen every token the target has (the target's rows)."""
         return self.draft_len >= target_len
 

@@ -59,11 +59,9 @@ def attach(target: ModelSession, head: ModelSession, slots: int) -> FeatureStore
     aux = getattr(target, "extra_out", {}).get(contract.AUX_HIDDEN)
     features = getattr(head, "extra_in", {}).get(contract.FEATURES)
     if aux is None or features is None or aux.shape[1] != features.shape[1]:
-        raise ConfigError(f"the bundle's draft is a feature-level head, but its target graph "
-                          f"{'has no ' + contract.AUX_HIDDEN + ' output' if aux is None else ''}"
-                          f"{'' if aux is None or features is None else 'and head disagree on '}"
-                          f"{'the width of the features' if aux is not None else ''} on the "
-                          f"'{target.backend}' backend. ---> HINT: re-export the pair with "
+        raise ConfigError(f"the bundle's draft is an EAGLE-3 head, but on the "
+                          f"'{target.backend}' backend its target gives no {contract.AUX_HIDDEN}"
+                          f" of the width the head reads. ---> HINT: re-export the pair with "
                           f"ssd-export --draft HEAD, or load it with backend='cpu' or 'cuda'.")
     store = FeatureStore(slots, aux.shape[1])
     target.on_aux = store.put
@@ -126,7 +124,7 @@ class HeadDrafter(Drafter):
         takes that one, and its logits give d1)."""
         self.advance(seq[self.draft_len + 1:target_len])
 
-    def caught_up(self, target_len: int) -> bool:
+    def synced_with(self, target_len: int) -> bool:
         return self.draft_len + 1 >= target_len
 
     def lagging(self, target_len: int) -> bool:

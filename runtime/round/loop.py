@@ -145,7 +145,7 @@ class Loop:
             int(self.max_context - 1 - span[0].max())   # every row of a call writes past it
         for row in rows:
             if row.drafter.lagging(row.target_len) and row.schedule.uses_draft:
-                row.drafter.catch_up(row.seq, row.target_len)   # a head's features (§14)
+                self._timed(row, row.drafter.catch_up, row.seq, row.target_len)   # a head (§14)
             k = row.schedule.next_k()
             if cap is not None:
                 k = min(k, cap)
@@ -296,11 +296,14 @@ class Loop:
         """Prefill all of a row's draft feed but its last token (the draft skipped rounds: k =
         0, or a batch that did not feed it), timed apart in `caught_up`: a batch prices the
         draft's prefill apart from its steps (batch_cost.LiveCost)."""
-        ahead = row.feed[:-1]
-        t0 = perf_counter()
-        row.drafter.advance(ahead)
-        self.caught_up.append((len(ahead), perf_counter() - t0))
+        self._timed(row, row.drafter.advance, row.feed[:-1])
         row.feed = row.feed[-1:]
+
+    def _timed(self, row: Row, feed, *args) -> None:
+        """Run a catch-up of the row's draft (`feed(*args)`) and note its tokens and seconds."""
+        before, t0 = row.drafter.draft_len, perf_counter()
+        feed(*args)
+        self.caught_up.append((row.drafter.draft_len - before, perf_counter() - t0))
 
     def _verify(self, rows: list[Row], span):
         """One target call over every row's [last, d1..dk] at its own length: one row alone,
@@ -331,10 +334,10 @@ def decode(target: ModelSession, drafter: Drafter, rule: Rule, prompt: list[int]
     start = perf_counter()
     row = Row(list(prompt), rule, schedule, drafter, stats, eos_ids, max_new_tokens,
               len(prompt), logprobs=logprobs)
-    prompt = np.asarray(row.seq[:-1], np.int64)
-    for at in range(0, len(prompt), PREFILL_CHUNK):     # chunk by chunk: a head reads the
-        call(target.prefill, prompt[at:at + PREFILL_CHUNK], at, row.slot)   # target's features
-        row.target_len = min(len(prompt), at + PREFILL_CHUNK)
+    ids = np.asarray(row.seq[:-1], np.int64)
+    for at in range(0, len(ids), PREFILL_CHUNK):     # chunk by chunk: a head reads the
+        call(target.prefill, ids[at:at + PREFILL_CHUNK], at, row.slot)   # target's features
+        row.target_len = min(len(ids), at + PREFILL_CHUNK)
         if schedule.uses_draft:              # else the draft catches up if it is ever used
             drafter.catch_up(row.seq, row.target_len)
     loop = Loop(target, drafter.draft)

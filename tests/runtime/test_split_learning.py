@@ -89,7 +89,7 @@ def test_a_hit_is_cut_where_the_stopping_rule_says():
         learnt.observe(4, 0, [0.97] * 4)
     schedule = AdaptiveK(cheap_draft(), max_k=4, learnt=learnt)
     drafter = SplitDrafter(Counting("draft", 0.97, True), GreedyAcceptance(), schedule)
-    drafter.prefill([1, 2])
+    drafter.advance([1, 2])
     drafter.ready = ([4, 5, 6, 7], [None] * 4, [(None, (t, 0.97)) for t in (5, 6, 7, 8)])
     schedule.next_k()
     tokens, _, more = drafter.start([1, 2, 3], 4)
