@@ -22,7 +22,9 @@ Under k="auto" the batch caps every row's k by the k that pays most for the batc
 many rows (batch_cost.best_k, from calls of this many rows timed on this machine); k=0 wins
 where speculation no longer pays. A row whose draft has not seen its tokens (a newcomer's
 prompt, rounds without drafts) is drafted for only where the rounds its drafts save pay for
-the draft's prefill (batch_cost.plan); else it decodes at k=0 beside the others.
+the draft's prefill (batch_cost.plan); else it decodes at k=0 beside the others. What the
+batch's rounds gave at k = 0 and drafting, measured, overrules those prices where drafting
+loses (batch_cost.Realized).
 """
 from __future__ import annotations
 
@@ -40,8 +42,8 @@ from .round.drafting import Drafter, Schedule
 from .round.lookup import Lookup
 from .round.loop import Loop, Row, Stats
 from .round.rules import Rule
-from .scheduler.batch_cost import (TIMED_S, BatchCost, LiveCost, measure, measure_prefill,
-                                   plan)
+from .scheduler.batch_cost import (TIMED_S, BatchCost, LiveCost, Realized, measure,
+                                   measure_prefill, plan)
 from .scheduler.learning import Acceptance
 from .text import TextCodec, TextStream
 
@@ -75,6 +77,7 @@ class Owner(Protocol):
     recalibrate: bool
     _batch_costs: dict[int, BatchCost]       # per batch size, kept across batches
     _live_costs: dict[int, LiveCost]         # ... and as the batches' own rounds correct them
+    _realized: dict[int, Realized]           # what the batches' rounds gave, per row count
     _draft_prefill: float | None             # the draft's prefill, seconds a token
     _learnt: dict[str, Acceptance]           # per decoding kind, kept across calls
 
@@ -145,6 +148,7 @@ class Batch:
         self._done: list[Event] = []             # ended outside a round (cancel, no room)
         self._vocab = (generator.manifest.target.vocab_size, generator.manifest.draft.vocab_size)
         self._cap: int | None = None             # this round's cap on k (None: none)
+        self._drafting = False                   # whether this round's newcomers feed the draft
         self._planned: tuple = ()                # ((prices, ids), alphas, k) of the last plan
         self._plan_rounds = 0                    # rounds left before it is made again
         if k == "auto":                  # measured now, not in the middle of a round
@@ -198,6 +202,8 @@ class Batch:
         running = self._running()
         if running:         # this round's cap, known before the prefill: newcomers' drafts wait
             self._cap = self._batch_k(running, max(s.slot for s in running) + 1)
+            guard = self.gen._realized.get(len(running))
+            self._drafting = self._cap != 0 and not (guard is not None and guard.holding)
         self._prefill()
         run = [s for s in self._running() if s.prefilled]
         if run:
@@ -244,7 +250,7 @@ class Batch:
                 # drafts (loop.py)
                 drafter, synced = row.drafter, row.drafter.synced_with(row.target_len)
                 row.target_len += len(chunk)
-                if row.schedule.uses_draft and (self._cap != 0 and synced and drafter.fed
+                if row.schedule.uses_draft and (self._drafting and synced and drafter.fed
                                                 or drafter.lagging(row.target_len)):
                     t1, behind = perf_counter(), row.target_len - drafter.draft_len
                     drafter.catch_up(row.seq, row.target_len)   # a head: its features (§14)
@@ -267,11 +273,20 @@ class Batch:
                    np.asarray([self._draft_len(s) for s in range(slots)], np.int64))
         if len(run) != len(self._running()):      # newcomers still prefilling: without them
             self._cap = self._batch_k(run, slots)
-        emitted = self.loop.round([s.row for s in run], self._cap, lengths)
+        cap, guard = self._cap, None
+        if self.k == "auto" and len(run) > 1:    # what the rounds gave overrules the prices
+            guard = self.gen._realized.setdefault(len(run), Realized())
+            cap = guard.decide(cap or 0)
+        t0 = perf_counter()
+        emitted = self.loop.round([s.row for s in run], cap, lengths)
+        spent = perf_counter() - t0
+        draft_s, calls, verify_s, width = self.loop.last
+        if guard is not None:
+            guard.observe(width > 1, sum(map(len, emitted)),
+                          spent - sum(s for _, s in self.loop.caught_up))
         live = self._priced(slots)
         if live is not None:
             if len(run) > 1:            # (one row's round times are its own schedule's)
-                draft_s, calls, verify_s, width = self.loop.last
                 live.observe(width, verify_s, calls, draft_s)
             for tokens, seconds in self.loop.caught_up:
                 live.observe_prefill(tokens, seconds)

@@ -28,7 +28,7 @@ from .round.grammar import Constraint, tokenizer_for
 from .round.processors import Processors
 from .round.rules import Rule
 from .round.sampling import SamplingParams
-from .scheduler.batch_cost import BatchCost, LiveCost
+from .scheduler.batch_cost import BatchCost, LiveCost, Realized
 from .scheduler.calibration import calibrate
 from .scheduler.cost import CostModel
 from .scheduler.learning import Acceptance
@@ -70,6 +70,7 @@ class Generator:
         self._busy = threading.Lock()                # held while a sequence decodes
         self._batch_costs: dict[int, BatchCost] = {}  # batch.py: a BatchCost per batch size
         self._live_costs: dict[int, LiveCost] = {}    # ... corrected by the batches' rounds
+        self._realized: dict[int, Realized] = {}      # ... and what they gave, per row count
         self._draft_prefill: float | None = None     # ... and the draft's prefill, s a token
         # a feature-level head reads the target's features, which the target's calls leave in
         # this store (round/features.py, docs/design.md §14)

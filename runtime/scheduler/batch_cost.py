@@ -11,6 +11,7 @@ docs/design.md §11.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from time import perf_counter
 from typing import TYPE_CHECKING
@@ -152,6 +153,79 @@ class LiveCost:
         calls = np.arange(max_k + 1) + np.where(np.arange(max_k + 1) > 0, self.extra_calls, 0)
         return calls * self.cost.draft_step * self.draft_factor + \
             self.cost.verify_times(max_k) * factors
+
+
+class Realized:
+    """What a batch's rounds gave at one row count, drafting or not: the guard behind the plan.
+
+    The plan prices a round from calls timed apart (BatchCost, LiveCost); what a round then
+    takes also holds what the prices leave out (the draft's weights evicting the target's from
+    the caches, each row's stopping rule cutting its drafts short, the host's share) and a
+    round of k = 0 is never run while the batch drafts. So the batch also keeps the seconds a
+    token of its last WINDOW rounds at k = 0 (`plain`) and drafting (`drafted`), and `decide`
+    turns a planned k > 0 into 0 where they say drafting is slower: for HOLD rounds, then
+    drafting is tried again (MIN_DRAFTED rounds) and each further loss doubles the hold (up to
+    MAX_HOLD), so a batch where speculation loses runs within ~MIN_DRAFTED / HOLD of k = 0.
+    While the batch drafts, one round in PROBE_EVERY runs at k = 0 to keep `plain` current
+    (it costs 1 − 1/gain of one round in PROBE_EVERY). docs/design.md §11."""
+
+    WINDOW = 8
+    MIN_DRAFTED = 4
+    PROBE_EVERY = 16
+    HOLD = 16
+    MAX_HOLD = 256
+
+    def __init__(self) -> None:
+        self.plain: deque[tuple[int, float]] = deque(maxlen=self.WINDOW)   # (tokens, seconds)
+        self.drafted: deque[tuple[int, float]] = deque(maxlen=self.WINDOW)
+        self.since_plain = 0            # drafting rounds since the last round at k = 0
+        self.hold = 0                   # rounds left at k = 0 before drafting is tried again
+        self.next_hold = self.HOLD
+        self.probes = self.held = 0     # rounds turned to k = 0: to measure, after a loss
+
+    @property
+    def holding(self) -> bool:
+        return self.hold > 0
+
+    @staticmethod
+    def per_token(window: deque[tuple[int, float]]) -> float:
+        tokens = sum(t for t, _ in window)
+        return sum(s for _, s in window) / tokens if tokens else float("inf")
+
+    def decide(self, k: int) -> int:
+        """The k to run this round for the plan's k (once per round)."""
+        if k == 0:
+            return 0
+        if self.hold:
+            self.hold -= 1
+            self.held += 1
+            if not self.hold:
+                self.drafted.clear()    # judged afresh from the rounds that follow
+            return 0
+        if not self.plain or self.since_plain >= self.PROBE_EVERY:
+            self.probes += 1
+            return 0
+        if len(self.drafted) >= self.MIN_DRAFTED:
+            if self.per_token(self.drafted) > self.per_token(self.plain):
+                self.hold, self.next_hold = self.next_hold, min(2 * self.next_hold,
+                                                                self.MAX_HOLD)
+                self.held += 1
+                self.hold -= 1
+                return 0
+            self.next_hold = self.HOLD
+        return k
+
+    def observe(self, drafted: bool, tokens: int, seconds: float) -> None:
+        """A round's tokens (all rows') and seconds (without draft catch-ups: the plan prices
+        them apart)."""
+        if tokens <= 0 or seconds <= 0:
+            return
+        if drafted:
+            self.drafted.append((tokens, seconds))
+            self.since_plain += 1
+        else:
+            self.plain.append((tokens, seconds))
+            self.since_plain = 0
 
 
 def best_k(sequences: list[tuple[float, int | None]], cost: BatchCost | LiveCost,

@@ -309,3 +309,41 @@ def test_a_newcomer_whose_drafts_would_not_pay_for_its_prefill_decodes_at_k0(bun
                 results.update({e.id: e.result for e in batch.step() if e.result is not None})
         assert [results[i].token_ids for i in range(4)] == alone
         assert all((r.stats.draft_calls > 0) == drafts for r in results.values())
+
+
+def test_a_batch_stops_drafting_where_its_rounds_say_drafting_loses(bundle_factory):
+    """k="auto" in a batch: where the prices say drafting pays but the batch's own rounds
+    say its k = 0 rounds give more tokens a second (batch_cost.Realized, set here as if
+    measured), the rounds run at k = 0 without drafting; each row is still what it is alone.
+    The same batch with no such record drafts after one round at k = 0 that measures. (Each
+    request asks k=4, a cap its own schedule drafts up to, so only the batch decides.)"""
+    from ssd_runtime.scheduler.batch_cost import BatchCost, Realized
+
+    n = Realized.HOLD                               # tokens a row: the hold's rounds at k = 0
+
+    gen = Generator.load(bundle_factory("llama", "llama_cut"), max_batch=4, threads=1)
+    prompts = [prompt_ids(40), prompt_ids(7), prompt_ids(9), prompt_ids(20)]
+    alone = [gen.generate(p, max_new_tokens=n, k=0).token_ids for p in prompts]
+    cheap_rounds = ((1, 1e-3), (9, 1.05e-3))      # drafting pays at any acceptance
+    for lost in (True, False):
+        gen._batch_costs = {r: BatchCost(r, 1e-6, cheap_rounds) for r in (1, 2, 4)}
+        gen._live_costs, gen._draft_prefill = {}, 0.0
+        gen._realized = {}
+        if lost:
+            guard = gen._realized[4] = Realized()
+            guard.observe(False, 4, 1e-3)
+            for _ in range(Realized.MIN_DRAFTED):
+                guard.observe(True, 8, 1.0)        # a second a token: drafting lost
+        with gen.batch(k="auto") as batch:
+            for p in prompts:
+                batch.add(p, max_new_tokens=n, k=4, draft_source="model")
+            results = {}
+            while batch.active:
+                results.update({e.id: e.result for e in batch.step() if e.result is not None})
+        assert [results[i].token_ids for i in range(4)] == alone
+        drafted = sum(r.stats.drafted for r in results.values())
+        guard = gen._realized[4]
+        if lost:
+            assert drafted == 0 and guard.held > 0 and guard.probes == 0
+        else:
+            assert drafted > 0 and guard.probes >= 1

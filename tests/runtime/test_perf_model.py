@@ -350,3 +350,47 @@ def test_the_drafts_prefill_is_priced_at_the_drafts_pace():
     for _ in range(200):                         # prefills cost half what the pace says
         live.observe_prefill(60, 0.3)
     assert live.prefill_time(60) == pytest.approx(0.3, rel=0.05)
+
+
+def test_what_the_rounds_gave_overrules_a_plan_that_drafts_at_a_loss():
+    """batch_cost.Realized: a batch whose drafting rounds give fewer tokens a second than its
+    k = 0 rounds (whatever the prices said) stops drafting for HOLD rounds, tries again, and
+    each loss in a row doubles the hold; while drafting pays it drafts, and one round in
+    PROBE_EVERY runs at k = 0 to keep that comparison current. Simulated over rounds of 4 rows:
+    speculation at 0.7x k = 0 runs at >= 0.9x of k = 0 overall, at 1.3x it keeps >= 1.25x."""
+    from ssd_runtime.scheduler.batch_cost import Realized
+
+    def run(gain: float, rounds: int = 2000) -> float:
+        guard, tokens, seconds = Realized(), 0, 0.0
+        for _ in range(rounds):
+            k = guard.decide(4)
+            if k:       # a drafting round: 4 rows x 3 tokens, priced so that a token costs
+                t, s = 12, 12 * 1e-3 / gain          # 1/gain of a plain round's
+            else:
+                t, s = 4, 4e-3
+            guard.observe(k > 0, t, s)
+            tokens, seconds = tokens + t, seconds + s
+        return tokens / seconds / 1e3                # against k = 0's 1 token a ms
+
+    assert run(0.7) >= 0.9
+    assert run(1.3) >= 1.25
+    guard = Realized()
+    assert guard.decide(4) == 0 and guard.probes == 1      # nothing at k = 0 seen yet
+    guard.observe(False, 4, 4e-3)
+    assert guard.decide(0) == 0 and guard.probes == 1      # a plan of k = 0 is not a probe
+    for _ in range(Realized.MIN_DRAFTED):
+        assert guard.decide(4) == 4
+        guard.observe(True, 8, 16e-3)                       # 2 ms a token against 1
+    assert guard.decide(4) == 0 and guard.holding
+    held = 1
+    while guard.holding:
+        assert guard.decide(4) == 0
+        guard.observe(False, 4, 4e-3)
+        held += 1
+    assert held == Realized.HOLD
+    for _ in range(Realized.MIN_DRAFTED):                  # tried again: judged afresh
+        assert guard.decide(4) == 4
+        guard.observe(True, 8, 16e-3)
+    assert guard.decide(4) == 0 and guard.hold == 2 * Realized.HOLD - 1
+    guard.observe(True, 0, 1.0)                             # no tokens: nothing learnt
+    assert len(guard.drafted) == Realized.MIN_DRAFTED
