@@ -1,7 +1,8 @@
 """Carry onnxruntime-gpu to the device machine in slices, and install it there (no network).
 
     python tools/gpu_carry.py pack [--wheel WHL] [--out .whl] [--slice-mib 30]   # here
-    python tools/gpu_carry.py calls [--out .whl]          # here: print the calls again
+    python tools/gpu_carry.py calls [--out .whl] [--steps "g h"] [--budget S]   # here: the calls again
+    .venv/bin/python tools/gpu_carry.py extra [llguidance]   # here: a small package to carry too
     python3 tools/gpu_carry.py receive .whl/ortgpu.tar.xz.NN                    # there, per call
     python3 tools/gpu_carry.py install [--allow-no-gpu]                          # there, last call
     eval "$(python3 tools/gpu_carry.py env)"     # PYTHONPATH and LD_LIBRARY_PATH for what follows
@@ -20,6 +21,14 @@ libraries (nvidia/...) beside it for onnxruntime.preload_dlls, and checks in a f
 interpreter with `env`'s variables (that folder first on PYTHONPATH, the nvidia libraries'
 folders on LD_LIBRARY_PATH) that `onnxruntime` is that copy, lists CUDAExecutionProvider,
 and runs a one-node graph on it (exit 1 if not).
+
+`--steps "g h"` (pack, calls) prints calls that prepare and run only those steps of
+tools/gpu_check.sh (its STEPS), with --budget seconds for the check (default 380 for all steps;
+480 for a selection, whose few steps may have to wait for h's 135M exports, which start with the
+first call). Step g's response_format needs llguidance, which the device's image may
+lack: `extra` packs the installed distribution (its files as pip installed them; abi3, so one
+build serves Python 3.9+) into --out/llguidance.tar.xz, which the last call then carries and
+`install --extra` unpacks into the same folder and imports.
 """
 from __future__ import annotations
 
@@ -87,8 +96,17 @@ def main(argv: list[str] | None = None) -> int:
     pk.add_argument("--preset", type=int, default=9, help="xz preset (default 9)")
     pk.add_argument("--extreme", action="store_true",
                     help="xz's --extreme too (a little smaller, many times slower)")
+    pk.add_argument("--steps", default=None, help="gpu_check.sh's STEPS for the calls "
+                                                  "(default: all)")
+    pk.add_argument("--budget", type=int, default=None, help="the check's BUDGET in seconds")
     cl = sub.add_parser("calls", help="here: print the calls for slices packed earlier")
     cl.add_argument("--out", type=Path, default=None)
+    cl.add_argument("--steps", default=None, help="gpu_check.sh's STEPS for the calls "
+                                                  "(default: all)")
+    cl.add_argument("--budget", type=int, default=None, help="the check's BUDGET in seconds")
+    ex = sub.add_parser("extra", help="here: pack an installed distribution to carry as well")
+    ex.add_argument("dist", nargs="?", default="llguidance")
+    ex.add_argument("--out", type=Path, default=None)
     rc = sub.add_parser("receive", help="there: check slices and keep them outside the repo")
     rc.add_argument("slices", nargs="+", type=Path)
     rc.add_argument("--stash", type=Path, default=STASH)
@@ -97,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     ins.add_argument("--site", type=Path, default=SITE)
     ins.add_argument("--allow-no-gpu", action="store_true",
                      help="a machine without a GPU: do not fail when CUDA does not load")
+    ins.add_argument("--extra", type=Path, nargs="*", default=[],
+                     help="packages packed by `extra` to unpack into --site as well")
     en = sub.add_parser("env", help="there: print the shell exports that put it first")
     en.add_argument("--site", type=Path, default=SITE)
     args = p.parse_args(argv)
@@ -108,11 +128,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "calls":
         repo = Path(_git("rev-parse", "--show-toplevel"))
         out = (args.out or repo / ".whl").resolve()
-        _print_calls(repo, out, json.loads((out / "ortgpu.json").read_text())["slices"])
-        return 0
+        return _print_calls(repo, out, json.loads((out / "ortgpu.json").read_text())["slices"],
+                            args.steps, args.budget)
+    if args.command == "extra":
+        return extra(args.dist, args.out)
     if args.command == "receive":
         return receive(args.slices, args.stash)
-    return install(args.stash, args.site, args.allow_no_gpu)
+    return install(args.stash, args.site, args.allow_no_gpu, args.extra)
 
 
 def pack(args: argparse.Namespace) -> int:
@@ -159,7 +181,30 @@ def pack(args: argparse.Namespace) -> int:
     print(f"{wheel.name}: kept {kept / 1e6:.1f} MB, dropped {dropped / 1e6:.1f} MB; xz -{args.preset}{'e' if args.extreme else ''} "
           f"{len(packed) / 1e6:.1f} MB in {len(slices)} slices of <= {args.slice_mib} MiB under "
           f"{out} ({time.perf_counter() - t0:.0f} s)")
-    _print_calls(repo, out, slices)
+    return _print_calls(repo, out, slices, args.steps, args.budget)
+
+
+def extra(dist: str, out: Path | None) -> int:
+    """Pack an installed distribution's files (as pip installed them) into OUT/DIST.tar.xz."""
+    import importlib.metadata as md
+
+    repo = Path(_git("rev-parse", "--show-toplevel"))
+    out = (out or repo / ".whl").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    _exclude(repo, out)
+    try:
+        d = md.distribution(dist)
+    except md.PackageNotFoundError:
+        print(f"{dist} is not installed for {sys.executable}: run this with the Python that has "
+              f"it (.venv/bin/python)")
+        return 1
+    files = [f for f in d.files or [] if not str(f).startswith("..")
+             and "__pycache__" not in str(f)]
+    path = out / f"{dist}.tar.xz"
+    with tarfile.open(path, mode="w:xz", preset=9) as tar:
+        for f in files:
+            tar.add(d.locate_file(f), arcname=str(f))
+    print(f"{dist} {d.version}: {len(files)} files -> {path} ({path.stat().st_size / 1e6:.1f} MB)")
     return 0
 
 
@@ -183,7 +228,7 @@ def receive(slices: list[Path], stash: Path) -> int:
     return 1 if bad else 0
 
 
-def install(stash: Path, site: Path, allow_no_gpu: bool) -> int:
+def install(stash: Path, site: Path, allow_no_gpu: bool, extras: list[Path]) -> int:
     manifest = json.loads((stash / "ortgpu.json").read_text())
     parts = []
     for s in manifest["slices"]:
@@ -206,6 +251,17 @@ def install(stash: Path, site: Path, allow_no_gpu: bool) -> int:
     print(f"{manifest['wheel']} (less {manifest['dropped_bytes'] / 1e6:.1f} MB) unpacked into "
           f"{site} in {time.perf_counter() - t0:.1f} s")
     _link_nvidia(site)
+    for path in extras:                     # xz's own check guards each against damage
+        with tarfile.open(path, mode="r:xz") as tar:
+            tar.extractall(site, filter="data")
+        name = path.name.split(".")[0]
+        found = subprocess.run([sys.executable, "-c", f"import {name}; print({name}.__file__)"],
+                               env=dict(os.environ, **_env(site)), capture_output=True,
+                               text=True)
+        print(f"{path.name}: unpacked; import {name}: "
+              + (found.stdout.strip() or found.stderr.strip().splitlines()[-1]))
+        if found.returncode:
+            return 1
     env = dict(os.environ, **_env(site))
     print("\n".join(f"{k}={v}" for k, v in _env(site).items()))
     probe = subprocess.run([sys.executable, "-c", PROBE, str(site)], env=env)
@@ -272,20 +328,42 @@ def _exclude(repo: Path, out: Path) -> None:
         print(f"added {pattern} to {exclude}")
 
 
-def _print_calls(repo: Path, out: Path, slices: list[dict]) -> None:
+def _print_calls(repo: Path, out: Path, slices: list[dict], steps: str | None = None,
+                 budget: int | None = None) -> int:
     rel = out.relative_to(repo).as_posix()
     n = len(slices)
+    # STEPS for gpu_check.sh (both stages): none given, the defaults' calls exactly as before
+    env = f"STEPS='{' '.join(steps.split())}' " if steps else ""
+    budget = budget or (480 if steps else 380)
+    # step g's response_format needs llguidance (the default calls leave the image's as it is)
+    extras = [f"{rel}/llguidance.tar.xz"] if steps and "g" in steps.split() else []
+    for e in extras:
+        if not (repo / e).is_file():
+            print(f"{e} is missing: make it first with `.venv/bin/python tools/gpu_carry.py "
+                  f"extra llguidance` (step g's response_format needs llguidance)")
+            return 1
     print(f"\nThe calls, back to back (the machine goes back 30 s after a call returns; "
-          f"`receive` says which slices it holds). Each carries one slice and {rel}/ortgpu.json:")
+          f"`receive` says which slices it holds). Each carries one slice and {rel}/ortgpu.json"
+          + (f"; the last also {', '.join(extras)}" if extras else "") + ":")
     for i, s in enumerate(slices):
-        carry = [f"{rel}/{s['name']}", f"{rel}/ortgpu.json"]
+        carry = [f"{rel}/{s['name']}", f"{rel}/ortgpu.json"] + (extras if i == n - 1 else [])
         command = f"python3 tools/gpu_carry.py receive {rel}/{s['name']}"
         if i == 0:
-            command += " && " + PREPARE
+            command += " && " + PREPARE.replace("STAGE=prepare", env + "STAGE=prepare")
         if i == n - 1:
-            command = "set -o pipefail; " + command + " && " + FINAL
+            final = FINAL.replace("INSTALL=0", env + "INSTALL=0").replace("BUDGET=380",
+                                                                          f"BUDGET={budget}")
+            if extras:
+                final = final.replace("gpu_carry.py install",
+                                      "gpu_carry.py install --extra " + " ".join(extras))
+            command = "set -o pipefail; " + command + " && " + final
         print(f"\n# call {i + 1} of {n}\ncarry: {json.dumps(carry)}\ncommand ({len(command)} "
               f"characters):\n{command}")
+        if len(command) > 2000:
+            print(f"call {i + 1}'s command is {len(command)} characters, more than the 2,000 a "
+                  f"call takes")
+            return 1
+    return 0
 
 
 # The first call also starts the exports in the background (they need no onnxruntime-gpu), on

@@ -11,7 +11,15 @@ are 0, so greedy decoding picks real tokens, whose text streams).
 
     python tools/random_model.py --config smollm2-360m --output /tmp/smollm2-360m-random
     python tools/random_model.py --config tiny-llama --output /tmp/tiny-draft  # a draft to export with
+    python tools/random_model.py --config smollm2-135m --head --output /tmp/head-135m  # EAGLE-3
     python tools/random_model.py --list
+
+`--layers N` keeps the configuration's widths with N layers (a smaller stand-in of the same
+shapes per layer, tools/gpu_check.sh's CPU rehearsal). `--head` writes a random one-layer
+EAGLE-3 head (SafeAILab layout, graphs/eagle3.py) for the configuration's target instead: the
+target's widths, heads and MLP, a draft vocabulary of min(32,000, V) (the first ids), the
+target's embedding (none of its own), features from layers 2, L//2 and L-3; for
+`ssd-export --draft`, which then adds the target's aux_hidden outputs.
 
 Configurations (`--list`): smollm2-135m (HuggingFaceTB/SmolLM2-135M), smollm2-360m
 (HuggingFaceTB/SmolLM2-360M), qwen2.5-0.5b (Qwen/Qwen2.5-0.5B), tiny-llama (2 layers, 64
@@ -86,12 +94,15 @@ CONFIGS: dict[str, dict] = {
 }
 
 
-def build(name: str, output: Path, seed: int, vocab_size: int | None, dtype: str | None) -> int:
+def build(name: str, output: Path, seed: int, vocab_size: int | None, dtype: str | None,
+          layers: int | None = None) -> int:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     spec = CONFIGS[name]
     fields = dict(spec["config"], **SPECIAL)
+    if layers is not None:
+        fields["num_hidden_layers"] = layers
     if vocab_size is not None:
         fields["vocab_size"] = vocab_size
     tokenizer_vocab = len(json.loads((TOKENIZER_FROM / "tokenizer.json").read_text())
@@ -137,6 +148,40 @@ def build(name: str, output: Path, seed: int, vocab_size: int | None, dtype: str
     return 0
 
 
+def build_head(name: str, output: Path, seed: int, dtype: str | None,
+               layers: int | None = None) -> int:
+    """A random EAGLE-3 head shaped for the configuration's target (see the module docstring)."""
+    import torch
+    from ssd_graphs.eagle3 import Eagle3Config, Eagle3Head, save_safeailab
+
+    c = CONFIGS[name]["config"]
+    L = layers or c["num_hidden_layers"]
+    if L < 6:
+        raise SystemExit(f"an EAGLE-3 head reads layers 2, L//2 and L-3: --layers {L} is "
+                         f"fewer than 6")
+    rope = c.get("rope_parameters", {}).get("rope_theta", c.get("rope_theta", 10000.0))
+    config = Eagle3Config(
+        hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
+        num_attention_heads=c["num_attention_heads"],
+        num_key_value_heads=c["num_key_value_heads"],
+        head_dim=c.get("head_dim", c["hidden_size"] // c["num_attention_heads"]),
+        rms_norm_eps=c["rms_norm_eps"], rope_theta=rope,
+        max_position_embeddings=c["max_position_embeddings"], vocab_size=c["vocab_size"],
+        draft_vocab_size=min(32000, c["vocab_size"]),
+        aux_layer_ids=Eagle3Config.default_aux_layer_ids(L), target_hidden_size=c["hidden_size"])
+    torch.manual_seed(seed)
+    head = Eagle3Head(config)          # nn.Linear's default initialisation: activations of O(1)
+    head.t2d[:config.draft_vocab_size] = True        # draft id i is target id i (d2t = 0)
+    head.own_embedding = False                       # the target's table, not saved
+    if dtype:
+        head = head.to(getattr(torch, dtype))
+    save_safeailab(head, config, output)
+    params = sum(p.numel() for n, p in head.named_parameters() if n != "embed_tokens.weight")
+    print(f"EAGLE-3 head for {name} ({L} layers, features {config.aux_layer_ids}): "
+          f"{params:,} parameters -> {output}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", choices=sorted(CONFIGS), help="published configuration")
@@ -148,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                    help="dtype of the saved weights (default: the published one; ssd-export "
                         "loads them as float32 either way)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="override the number of layers (the widths stay the configuration's)")
+    p.add_argument("--head", action="store_true",
+                   help="write a random EAGLE-3 head for the configuration's target instead")
     p.add_argument("--force", action="store_true", help="replace an existing --output")
     p.add_argument("--list", action="store_true", help="print the configurations and exit")
     args = p.parse_args(argv)
@@ -165,7 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.force:
             p.error(f"{args.output} exists (--force replaces it)")
         shutil.rmtree(args.output)
-    return build(args.config, args.output, args.seed, args.vocab_size, args.dtype)
+    if args.head:
+        return build_head(args.config, args.output, args.seed, args.dtype, args.layers)
+    return build(args.config, args.output, args.seed, args.vocab_size, args.dtype, args.layers)
 
 
 if __name__ == "__main__":
