@@ -36,12 +36,13 @@ class TokenPieces:
     tokens: frozenset[bytes]
     forwards: tuple[bytes, ...]       # sorted: is a text some token's prefix?
     backwards: tuple[bytes, ...]      # each token reversed, sorted: ... some token's suffix?
+    inside: tuple[bytes, ...]         # every token's every suffix, sorted: ... inside a token?
     longest: int                      # bytes of the longest token
 
     @staticmethod
     def of(tokenizer: Any) -> TokenPieces:
         """From llguidance's tokenizer (the bytes its matcher sees); special tokens are kept,
-        which can only lower the bound."""
+        which can only lower the bound. ~0.2 s for 49k tokens."""
         return TokenPieces.of_bytes(tokenizer.decode_bytes([i])
                                     for i in range(tokenizer.vocab_size))
 
@@ -49,11 +50,13 @@ class TokenPieces:
     def of_bytes(tokens: Iterable[bytes]) -> TokenPieces:
         found = set(tokens) - {b""}
         return TokenPieces(frozenset(found), tuple(sorted(found)),
-                           tuple(sorted(t[::-1] for t in found)), max(map(len, found)))
+                           tuple(sorted(t[::-1] for t in found)),
+                           tuple(sorted({t[i:] for t in found for i in range(len(t))})),
+                           max(map(len, found)))
 
     def cover(self, text: bytes) -> int:
         """The least number of tokens that overlap `text` wherever it stands in an output."""
-        if len(text) <= self.longest and any(text in t for t in self.tokens):
+        if _starts(self.inside, text):              # inside one token
             return 1
         n = len(text)
         # first[j]: tokens covering text[:j] exactly, the first one possibly starting before it
