@@ -4,14 +4,16 @@
 #   tools/aarch64_check.sh [REPORT]          # default REPORT: aarch64_report.txt
 #
 # Builds (or reuses) a Debian arm64 root with Python, installs the runtime there as the README
-# tells a Jetson or Arm user (`pip install .` in a venv: numpy, onnxruntime, tokenizers; no
-# torch), exports the demo pair here on x86 twice (the defaults: float target, int8 draft; and
-# `--quant int4`: an int4 target), runs tools/aarch64_tokens.py's generations (greedy and
-# seeded sampling at k = 0, 4, auto, batches included) on both machines and compares the
-# tokens and the target's logits. Exit 0: every stream equal, or parted only because the two
-# machines' logits differ (each machine's own row, replayed, gives its token: a near-tie the
-# kernels' rounding decided); 1: any other difference or a failed step; 2: qemu-user-static,
-# debootstrap or proot missing and not installable.
+# tells a Jetson or Arm user (`pip install '.[structured]'` in a venv: numpy, onnxruntime,
+# tokenizers, and llguidance's aarch64 wheel for response_format; no torch), exports the demo
+# pair here on x86 twice (the defaults: float target, int8 draft; and `--quant int4`: an int4
+# target), runs tools/aarch64_tokens.py's generations (greedy and seeded sampling at k = 0, 4,
+# auto, batches included, and greedy under a JSON schema, which llguidance compiles and masks
+# there) on both machines and compares the tokens and the target's logits. Exit 0: every
+# stream equal, or parted only because the two machines' logits differ (each machine's own
+# row, replayed, gives its token: a near-tie the kernels' rounding decided); 1: any other
+# difference or a failed step; 2: qemu-user-static, debootstrap or proot missing and not
+# installable.
 #
 # How the arm64 programs run without binfmt_misc: the kernel cannot exec an arm64 binary, so
 # every arm64 process has to be started through qemu-aarch64-static. `chroot ROOT
@@ -143,11 +145,11 @@ else
 fi
 say "python: $(arm /usr/bin/python3 -c 'import platform; print(platform.machine(), platform.python_version())' 2>&1 | tail -1)"
 
-section "install the runtime there: pip install . (a copy of this checkout, no torch)"
+section "install the runtime there: pip install '.[structured]' (a copy of this checkout, no torch)"
 rm -rf "$ROOT/opt/ssd-src"; mkdir -p "$ROOT/opt/ssd-src"
 git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$ROOT/opt/ssd-src"
-timed "pip install . (emulated)" arm sh -c 'cd /opt/ssd-src && pip install -q .' || exit 1
-say "$(arm python -c 'import importlib.metadata as m, sys; print(*(f"{d} {m.version(d)}" for d in ("ssd-toolkit", "onnxruntime", "numpy", "tokenizers")), sep=", "); print("torch:", "torch" in {d.metadata["Name"] for d in m.distributions()})' 2>&1 | tr '\n' ' ')"
+timed "pip install '.[structured]' (emulated)" arm sh -c "cd /opt/ssd-src && pip install -q '.[structured]'" || exit 1
+say "$(arm python -c 'import importlib.metadata as m, sys; print(*(f"{d} {m.version(d)}" for d in ("ssd-toolkit", "onnxruntime", "numpy", "tokenizers", "llguidance")), sep=", "); print("torch:", "torch" in {d.metadata["Name"] for d in m.distributions()})' 2>&1 | tr '\n' ' ')"
 
 section "export on x86 (demo pair, --max-context 256 --max-batch 4)"
 export_one() {     # NAME ARGS...

@@ -6,7 +6,11 @@
 `run` loads BUNDLE on the CPU backend (1 thread each for target and draft, max_batch 3) and
 runs a fixed list of cases: greedy at k = 0, 4 and auto on three prompts; seeded sampling
 (temperature 0.8, top-p 0.95) at k = 0, 4 and auto on two; `generate_batch` of the three
-prompts greedy at k = 4 and auto, and sampled with a seed each at auto. It writes their
+prompts greedy at k = 4 and auto, and sampled with a seed each at auto; and, where llguidance
+is installed (`pip install '.[structured]'`), greedy under a JSON schema (response_format) at
+k = 0, 4 and auto: llguidance's wheel compiling the schema and masking every row there, its
+tokens held to the other machine's like the rest (a run without llguidance lacks those cases,
+and `compare` counts each as unexplained). It writes their
 token ids, each case's seconds, the versions, and the target's k=0 logits at every step of
 the first greedy case (`logits`: prefill the prompt, then one row at a time, as k=0 runs),
 which is where the kernels' rounding shows even when the tokens agree. With `--against
@@ -29,6 +33,7 @@ Runtime-only imports: it runs where `pip install .` installed the runtime (tools
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -46,6 +51,12 @@ from ssd_runtime.round.sampling import SamplingParams, gumbel_pick, probabilitie
 
 PROMPTS = ["def read_config(path):\n", "import os\nimport sys\n\n", "class Stack:\n    def "]
 SAMPLED = dict(temperature=0.8, top_p=0.95)
+# a schema with an enum, a bounded integer and a boolean: the grammar decides every token
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["path", "lines", "ok"],
+          "properties": {"path": {"enum": ["a.cfg", "b.ini"]},
+                         "lines": {"type": "integer", "minimum": 0, "maximum": 999},
+                         "ok": {"type": "boolean"}}}
+FORMAT = {"type": "json_schema", "json_schema": {"name": "config", "schema": SCHEMA}}
 # the Linux arm64 HWCAP / HWCAP2 bits that decide ONNX Runtime's (MLAS, KleidiAI) kernels
 HWCAP = {"fphp": 9, "asimdhp": 10, "asimddp": 20, "sve": 22}
 HWCAP2 = {"sve2": 1, "i8mm": 13, "bf16": 14, "sme": 23}
@@ -64,9 +75,13 @@ def cases(tokens: int) -> list[dict]:
                         streams=[dict(prompt=i) for i in range(3)]))
     out.append(dict(name="batch seeded k=auto", how="batch", k="auto",
                     streams=[dict(prompt=i, seed=10 + i, **SAMPLED) for i in range(3)]))
+    if importlib.util.find_spec("llguidance") is not None:
+        out += [dict(name=f"json p0 k={k}", how="single", k=k,
+                     streams=[dict(prompt=0, response_format=FORMAT)]) for k in (0, 4, "auto")]
     for case in out:
         for stream in case["streams"]:
-            stream["max_new_tokens"] = tokens
+            # a schema's output is refused a max_new_tokens below its least length: 64 holds it
+            stream["max_new_tokens"] = max(tokens, 64) if "response_format" in stream else tokens
     return out
 
 
@@ -77,7 +92,8 @@ def run(args: argparse.Namespace) -> None:
     prompts = [gen.encode(text) for text in PROMPTS]
     session = cpu_session("target", args.bundle, gen.manifest, threads=1)
     out = {"machine": platform.machine(), "python": platform.python_version(),
-           "versions": {d: metadata.version(d) for d in ("onnxruntime", "numpy", "tokenizers")},
+           "versions": {d: metadata.version(d) for d in ("onnxruntime", "numpy", "tokenizers",
+                                                           "llguidance") if _installed(d)},
            "cpu": _cpu(),
            "qemu_cpu": os.environ.get("QEMU_CPU") if platform.machine() == "aarch64" else None, "bundle": str(args.bundle),
            "target_quant": gen.manifest.target.quant, "load_s": round(loaded, 3), "cases": []}
@@ -141,7 +157,11 @@ def compare(args: argparse.Namespace) -> int:
     theirs = {c["name"]: c for c in other["cases"]}
     equal = unexplained = 0
     print(f"{'case':<24} {'stream':>6}  result")
-    for case in ref["cases"]:
+    missing = [c for c in ref["cases"] if c["name"] not in theirs]
+    for case in missing:                 # e.g. the other machine lacks llguidance
+        unexplained += len(case["ids"])
+        print(f"{case['name']:<24} {'all':>6}  not run on the other machine — NOT explained")
+    for case in [c for c in ref["cases"] if c["name"] in theirs]:
         for j, (mine, found) in enumerate(zip(case["ids"], theirs[case["name"]]["ids"])):
             at = _parts(mine, found)
             if at is None:
@@ -156,9 +176,16 @@ def compare(args: argparse.Namespace) -> int:
                     session = cpu_session("target", args.bundle, gen.manifest, threads=1)
                 prompt = gen.encode(PROMPTS[case["streams"][j]["prompt"]])
                 here, there = _row(session, prompt + mine[:at]), np.asarray(row["row"])
+                diff = np.abs(here - there).max()
+                fmt = case["streams"][j].get("response_format")
+                if fmt is not None:           # the grammar's mask there, on both rows alike
+                    matcher = gen.constraint(fmt).matcher()
+                    matcher.commit(mine[:at])
+                    allowed = matcher.allowed(len(here))
+                    here, there = (np.where(allowed, r, -np.inf) for r in (here, there))
                 why, ok = _decision(case["streams"][j], here, there, mine[at], found[at],
                                     len(prompt) + at)
-                text += f": {why}; rows |diff| {np.abs(here - there).max():.2e}"
+                text += f": {why}; rows |diff| {diff:.2e}"
                 text += " — explained" if ok else " — NOT explained"
                 unexplained += not ok
             else:
@@ -167,13 +194,13 @@ def compare(args: argparse.Namespace) -> int:
     total = sum(len(c["ids"]) for c in ref["cases"])
     # the same (prompt, seed) at k = 0, 4, auto gives one stream three times (k-invariance)
     distinct: dict[tuple, bool] = {}
-    for case in ref["cases"]:
+    for case in [c for c in ref["cases"] if c["name"] in theirs]:
         for s, mine, found in zip(case["streams"], case["ids"], theirs[case["name"]]["ids"]):
-            key = (s["prompt"], s.get("seed"))
+            key = (s["prompt"], s.get("seed"), "response_format" in s)
             distinct[key] = distinct.get(key, False) or _parts(mine, found) is not None
     for kind, greedy in (("greedy", True), ("seeded", False)):
         keys = [key for key in distinct if (key[1] is None) == greedy]
-        print(f"distinct {kind} streams (prompt, seed): {len(keys)}, parted "
+        print(f"distinct {kind} streams (prompt, seed, schema): {len(keys)}, parted "
               f"{sum(distinct[key] for key in keys)}")
     seconds = [sum(c["seconds"] for c in r["cases"]) for r in (ref, other)]
     print(f"{equal} of {total} streams equal; {total - equal - unexplained} explained, "
@@ -220,6 +247,14 @@ def _nucleus_margin(row: np.ndarray, token: int, params: SamplingParams) -> floa
     ranked = np.exp(scores[order] - scores[order[-1]])
     cumulative = np.cumsum(ranked / ranked.sum())
     return float(cumulative[int(np.nonzero(order == token)[0][0])] - (1 - params.top_p))
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def _parts(a: list[int], b: list[int]) -> int | None:

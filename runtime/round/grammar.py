@@ -1,6 +1,6 @@
 """Structured outputs: OpenAI's `response_format` as a token mask (llguidance), a logits processor.
 
-    constraint = Constraint.compile(response_format, tokenizer_json, vocab, eos_ids)  # checked
+    constraint = Constraint.compile(response_format, tokenizer, vocab, pieces)   # checked
     rule = make_rule(params, ..., constraint=constraint)     # its processors hold a Matcher
 
 The mask is applied where every other logits processor is (processors.py): to each draft
@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
+from .schema_length import TokenPieces, least_tokens
 
 FORMATS = ("text", "json_object", "json_schema")
 # Compact JSON: no whitespace between tokens of the grammar (a model free to add whitespace
@@ -35,11 +36,14 @@ class Constraint:
     tokenizer: Any            # llguidance.LLTokenizer
     vocab: int                # the logits' width (ids past the tokenizer's are never allowed)
     name: str                 # what the client asked for, for messages
+    least_tokens: int = 1     # no valid output is shorter (schema_length.py)
 
     @staticmethod
-    def compile(response_format: Any, tokenizer: Any, vocab: int) -> Constraint | None:
+    def compile(response_format: Any, tokenizer: Any, vocab: int,
+                pieces: TokenPieces | None = None) -> Constraint | None:
         """OpenAI's response_format (a dict) -> a Constraint, None for text; a ConfigError
-        naming `response_format` for what is malformed, unsupported or not a valid schema."""
+        naming `response_format` for what is malformed, unsupported or not a valid schema.
+        With the tokenizer's `pieces`, it knows the least tokens of any output it allows."""
         import llguidance
 
         if not isinstance(response_format, dict) or response_format.get("type") not in FORMATS:
@@ -71,7 +75,20 @@ class Constraint:
         if problem and not problem.startswith("WARNING"):
             raise ConfigError(f"response_format: {name} cannot be used: {problem}. ---> HINT: "
                               f"check the schema (llguidance's supported JSON schema subset).")
-        return Constraint(grammar, tokenizer, vocab, name)
+        least = 1 if pieces is None else least_tokens(schema, pieces)
+        return Constraint(grammar, tokenizer, vocab, name, least)
+
+    def check_room(self, max_new_tokens: int) -> None:
+        """A ConfigError naming response_format and max_tokens where no output valid under the
+        grammar fits in `max_new_tokens` (the bound is a lower one: never a false refusal)."""
+        if self.least_tokens > max_new_tokens:
+            raise ConfigError(
+                f"response_format: no output valid under {self.name} is shorter than "
+                f"{self.least_tokens} tokens (a bound from its required properties and least "
+                f"sizes), so max_tokens={max_new_tokens} (max_new_tokens) can never hold a "
+                f"complete one. ---> HINT: raise max_tokens to at least {self.least_tokens} (a "
+                f"whole answer usually needs more), or loosen the schema (fewer or shorter "
+                f"required properties).")
 
     def matcher(self) -> Matcher:
         import llguidance

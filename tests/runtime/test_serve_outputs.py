@@ -239,3 +239,34 @@ def test_structured_outputs_through_the_openai_client(client, bundle, gen, tempe
                                          temperature=0, response_format={"type": "json_object"})
     if obj.choices[0].finish_reason == "stop":    # a random model may run out of tokens
         assert isinstance(json.loads(obj.choices[0].message.content), dict)
+
+
+def test_a_schema_max_tokens_cannot_hold_is_a_400_and_the_batch_runs_on(server, client, bundle,
+                                                                         gen):
+    """A json_schema whose required names alone outrun max_tokens: 400 naming response_format,
+    max_tokens and the least length, while a streamed answer in the batch goes on untouched;
+    with room enough, the same schema is answered, valid, and the constrained target alone's."""
+    from test_structured import LONG, LONG_NAMES
+
+    least = gen.constraint(LONG).least_tokens
+    messages = [{"role": "user", "content": "Fill in the record."}]
+    stream = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0,
+                                       stream=True)
+    pieces = [next(iter(stream)).choices[0].text]          # the batch is running
+    for path, body in (("/v1/chat/completions", {"messages": messages}),
+                       ("/v1/completions", {"prompt": PROMPT})):
+        error = _error(server, path, {"model": MODEL, "max_tokens": 5, "response_format": LONG,
+                                      **body})
+        assert error["param"] == "response_format", error
+        assert f"shorter than {least} tokens" in error["message"]
+        assert "max_tokens=5" in error["message"] and "HINT" in error["message"]
+    pieces += [c.choices[0].text for c in stream if c.choices]
+    assert "".join(pieces) == gen.generate(PROMPT, max_new_tokens=40, k=0).text
+    res = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=least + 60,
+                                         temperature=0, response_format=LONG)
+    assert res.choices[0].finish_reason == "stop"
+    assert list(json.loads(res.choices[0].message.content)) == LONG_NAMES
+    alone = gen.generate(chat_ids(bundle, messages), max_new_tokens=least + 60, k=0,
+                         response_format=LONG)
+    assert res.choices[0].message.content == alone.text
+    assert server.health()["status"] == "ok"

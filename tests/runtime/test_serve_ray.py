@@ -1,10 +1,12 @@
 """ssd-serve on Ray Serve: `--ray-replicas 2` on a local Ray instance (loopback only).
 
 Requests spread over both replicas (each names itself in `speculative.replica` and the
-x-ssd-replica header) and give what one process gives for the same seeds.
+x-ssd-replica header) and give what one process gives for the same seeds; structured outputs,
+predictions and log-probabilities pass through the deployment unchanged (issue 45).
 """
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,7 +17,7 @@ pytest.importorskip("fastapi", reason="ssd-serve needs the serve extra: pip inst
 openai = pytest.importorskip("openai", reason="the serve tests use the openai client (test extra)")
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install '.[serve,ray]'")
 
-from serve_util import ServerProcess  # noqa: E402
+from serve_util import ServerProcess, with_chat_template  # noqa: E402
 
 from ssd_runtime import Generator  # noqa: E402
 
@@ -25,8 +27,9 @@ PROMPT = "def read_config(path):"
 
 
 @pytest.fixture(scope="module")
-def bundle(bundle_factory):
-    return bundle_factory("llama", "llama_cut")
+def bundle(bundle_factory, tmp_path_factory):
+    return with_chat_template(bundle_factory("llama", "llama_cut"),
+                              tmp_path_factory.mktemp("serve-ray") / "chat-bundle")
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +80,52 @@ def test_ray_streaming_and_routes(ray_server, bundle):
     assert res.status_code == 400 and "temperature" in res.json()["error"]["message"]
     assert res.headers["x-ssd-replica"]
     assert "ssd_requests_total" in httpx.get(f"{ray_server.url}/metrics", timeout=60).text
+
+
+def test_ray_structured_predicted_outputs_and_logprobs(ray_server, bundle):
+    """response_format, prediction and logprobs through the Ray deployment: what one process
+    gives for the same request, and bad formats a 400 naming the field there too."""
+    pytest.importorskip("llguidance", reason="structured outputs need llguidance")
+    from test_serve import chat_ids
+    from test_serve_outputs import Thing
+    from test_structured import FORMAT, LONG, _valid
+
+    client = openai.OpenAI(base_url=f"{ray_server.url}/v1", api_key="x", max_retries=0,
+                           timeout=120)
+    gen = Generator.load(bundle)
+    constrained = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=60,
+                                            temperature=0, extra_body={"response_format": FORMAT})
+    _valid(constrained.choices[0].text)
+    alone = gen.generate(PROMPT, max_new_tokens=60, k=0, response_format=FORMAT)
+    assert constrained.choices[0].text == alone.text
+    messages = [{"role": "user", "content": "Describe a thing."}]
+    parsed = client.chat.completions.parse(model=MODEL, messages=messages, max_tokens=60,
+                                           temperature=0.9, seed=3, response_format=Thing)
+    assert isinstance(parsed.choices[0].message.parsed, Thing)
+
+    plain = gen.generate(PROMPT, max_new_tokens=48, k=0)          # one process, no prediction
+    predicted = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=48,
+                                          temperature=0, extra_body={"prediction": {
+                                              "type": "content", "content": plain.text}})
+    assert predicted.choices[0].text == plain.text
+    details = predicted.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens > 0 and details.rejected_prediction_tokens >= 0
+
+    chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16,
+                                          temperature=0, logprobs=True, top_logprobs=2)
+    ref = gen.generate(chat_ids(bundle, messages), max_new_tokens=16, k=0, logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert [c.logprob for c in content] == pytest.approx([t.logprob for t in ref.logprobs],
+                                                         abs=1e-4)
+    assert all(len(c.top_logprobs) == 2 for c in content)
+
+    for fmt, max_tokens, fragment in (({"type": "xml"}, 16, "must be an object whose type"),
+                                      (LONG, 5, "max_tokens=5")):
+        res = httpx.post(f"{ray_server.url}/v1/completions", timeout=60,
+                         content=json.dumps({"model": MODEL, "prompt": PROMPT,
+                                             "max_tokens": max_tokens,
+                                             "response_format": fmt}).encode(),
+                         headers={"content-type": "application/json"})
+        assert res.status_code == 400, res.text
+        error = res.json()["error"]
+        assert error["param"] == "response_format" and fragment in error["message"]

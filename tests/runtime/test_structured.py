@@ -160,3 +160,113 @@ def test_ssd_run_takes_a_schema_and_a_prediction(bundle_factory, tmp_path, capsy
     schema.write_text('{"type": "nonsense"}')
     assert main([bundle, "--prompt", "x", "--json-schema", str(schema)]) == 2
     assert "response_format" in capsys.readouterr().err
+    schema.write_text(json.dumps(LONG["json_schema"]["schema"]))
+    assert main([bundle, "--prompt", "x", "--json-schema", str(schema),
+                 "--max-new-tokens", "5"]) == 2
+    err = capsys.readouterr().err                 # one line, no traceback
+    assert err.count("\n") == 1 and "max_tokens=5" in err and "Traceback" not in err
+
+
+# Long required names: no valid output is shorter than their text, whatever the values.
+LONG_NAMES = [f"{word}_property" for word in ("first", "second", "third", "fourth")]
+LONG = {"type": "json_schema", "json_schema": {"name": "long", "schema": {
+    "type": "object", "additionalProperties": False, "required": LONG_NAMES,
+    "properties": {name: {"type": "boolean"} for name in LONG_NAMES}}}}
+# Schemas and a shortest valid text each (the least, by the schema's own rules): the bound must
+# never exceed the tokens of that text, which the real matcher accepts whole.
+SHORTEST = [
+    (SCHEMA, '{"ok":true,"color":"red","n":0}'),
+    (LONG["json_schema"]["schema"],
+     "{" + ",".join(f'"{name}":true' for name in LONG_NAMES) + "}"),
+    ({"type": "object", "required": ["who", "tags"], "properties": {
+        "who": {"type": "object", "required": ["first_name", "family_name"], "properties": {
+            "first_name": {"type": "string", "minLength": 2},
+            "family_name": {"type": "string"}}},
+        "tags": {"type": "array", "minItems": 2, "items": {"enum": ["alpha", "beta"]}}}},
+     '{"who":{"first_name":"ab","family_name":""},"tags":["beta","beta"]}'),
+    ({"$defs": {"pt": {"type": "object", "required": ["x_coordinate", "y_coordinate"],
+                       "properties": {"x_coordinate": {"type": "integer"},
+                                      "y_coordinate": {"type": "integer"}}}},
+      "type": "object", "required": ["corner"],
+      "properties": {"corner": {"anyOf": [{"$ref": "#/$defs/pt"}, {"type": "null"}]}}},
+     '{"corner":null}'),
+    ({"type": "object", "required": ["const_value"],
+      "properties": {"const_value": {"const": "a fixed sentence of several words"}}},
+     '{"const_value":"a fixed sentence of several words"}'),
+    ({"type": "object"}, "{}"),
+]
+
+
+@pytest.mark.parametrize("schema,text", SHORTEST)
+def test_the_least_length_is_a_lower_bound(gen, schema, text):
+    """The least length a constraint knows is never more than a valid output's tokens (the
+    matcher takes the text whole and is then complete), so a max_tokens that holds that output
+    is never refused."""
+    constraint = gen.constraint({"type": "json_schema",
+                                 "json_schema": {"name": "s", "schema": schema}})
+    ids = constraint.tokenizer.tokenize_str(text)
+    matcher = constraint.matcher().matcher
+    assert matcher.consume_tokens(ids) and matcher.is_accepting(), matcher.get_error()
+    assert 1 <= constraint.least_tokens <= len(ids)
+    gen.request(PROMPTS[0], max_new_tokens=len(ids), response_format=constraint)   # not refused
+
+
+def test_a_schema_max_tokens_cannot_hold_is_refused(gen):
+    constraint = gen.constraint(LONG)
+    least = constraint.least_tokens
+    assert least > 20, least                          # the long names are counted
+    with pytest.raises(ConfigError, match=rf"response_format: no output valid under json_schema "
+                       rf"'long' is shorter than {least} tokens .* max_tokens=5 .*raise "
+                       rf"max_tokens to at least {least}"):
+        gen.generate(PROMPTS[0], max_new_tokens=5, response_format=LONG)
+    with pytest.raises(ConfigError, match="max_tokens"):
+        gen.request(PROMPTS[0], max_new_tokens=least - 1, response_format=LONG)
+    res = gen.generate(PROMPTS[0], max_new_tokens=least + 60, k=4, response_format=LONG)
+    assert res.stop_reason == "eos" and len(res.token_ids) >= least
+    value = json.loads(res.text)
+    assert list(value) == LONG_NAMES and all(isinstance(v, bool) for v in value.values())
+    cut = gen.generate(PROMPTS[0], max_new_tokens=least, k=4, response_format=LONG)
+    assert cut.stop_reason == "length" and res.text.startswith(cut.text)   # as before: a prefix
+
+
+def test_a_refused_length_leaves_the_batch_alone(gen):
+    alone = [gen.generate(p, max_new_tokens=60, k=0, response_format=FORMAT).token_ids
+             for p in PROMPTS[:2]]
+    results = gen.generate_batch([{"prompt": PROMPTS[0], "response_format": FORMAT},
+                                  {"prompt": PROMPTS[2], "response_format": LONG,
+                                   "max_new_tokens": 5},
+                                  {"prompt": PROMPTS[1], "response_format": FORMAT}],
+                                 max_new_tokens=60, k=4)
+    assert [results[0].token_ids, results[2].token_ids] == alone
+    assert results[1].stop_reason == "error" and "max_tokens=5" in results[1].error
+
+
+def test_cover_is_the_least_overlap_over_every_tokenization():
+    """TokenPieces.cover against brute force: over every text around `text` (contexts of up to
+    two letters each side) and every way of cutting it into tokens, the least number of tokens
+    that overlap `text` — the bound is exact here, and never above it."""
+    import itertools
+
+    from ssd_runtime.round.schema_length import TokenPieces
+
+    vocab = [b"a", b"b", b"c", b"ab", b"bc", b"cab", b"bca", b"ca"]   # 3 bytes at most
+    pieces = TokenPieces.of_bytes(vocab)
+
+    def least_overlap(whole: bytes, start: int, end: int) -> float:
+        best = {0: 0}                 # position -> least tokens overlapping [start, end) so far
+        for pos in range(len(whole)):
+            if pos not in best:
+                continue
+            for token in vocab:
+                if whole.startswith(token, pos):
+                    hit = pos < end and pos + len(token) > start
+                    best[pos + len(token)] = min(best.get(pos + len(token), 99),
+                                                 best[pos] + hit)
+        return best.get(len(whole), 99)
+
+    contexts = [bytes(p) for n in range(3) for p in itertools.product(b"abc", repeat=n)]
+    for n in range(1, 6):
+        for text in map(bytes, itertools.product(b"abc", repeat=n)):
+            brute = min(least_overlap(left + text + right, len(left), len(left) + n)
+                        for left in contexts for right in contexts)
+            assert pieces.cover(text) == brute, text
