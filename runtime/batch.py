@@ -275,7 +275,9 @@ class Batch:
             self._cap = self._batch_k(run, slots)
         cap, guard = self._cap, None
         if self.k == "auto" and len(run) > 1:    # what the rounds gave overrules the prices
-            guard = self.gen._realized.setdefault(len(run), Realized())
+            guard = self.gen._realized.get(len(run))
+            if guard is None:
+                guard = self.gen._realized[len(run)] = Realized()
             cap = guard.decide(cap or 0)
         t0 = perf_counter()
         emitted = self.loop.round([s.row for s in run], cap, lengths)
