@@ -4,9 +4,10 @@ Projections (separate or fused in either layout), optional q/k norms, RoPE,
 grouped-query attention against the sequence-major past (B, P, Hkv, D), score
 soft-capping, ALiBi bias and the causal / sliding-window mask. Rows of a batch may have
 different past lengths (key_positions: each row's own is position_ids[b, 0]). The static
-flavour instead writes the new rows into the whole head-major cache (B, Hkv, R, D) at their
-positions and attends over all of it (cache_positions, scatter_rows); the ort target's rows
-graph does the same over the cache's first L rows only.
+flavour and the ort target's rows graph instead write the new rows into the whole head-major
+cache (B, Hkv, R, D) at their positions and attend over its first L rows (cache_positions,
+scatter_rows; L = the call's longest past + new_len or more, the whole cache in a static
+graph of schema 9 or older).
 """
 from __future__ import annotations
 
@@ -110,10 +111,12 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
     (B, T, 1, 1) a per-position factor on the rotated queries. `scatter_at` (the static
     flavour: positions (B, T)): the past is the whole head-major cache (B, Hkv, R, D), the new
     rows are written into it there, attention reads all R rows, and the updated caches are
-    returned in place of the new rows. `live_rows` (the ort target's rows graph): attention
-    reads only the cache's first live_rows rows (every row's last position + 1 or more), so
-    its cost follows the live context, not R. `packed`: q, k and v come from the ort
-    flavour's packed projection [q | k | v] (the same weights, shared on disk, §2).
+    returned in place of the new rows. `live_rows` (the static flavour and the ort target's
+    rows graph): attention reads only the cache's first live_rows rows (every row's last
+    position + 1 or more), so its cost follows the live context, not R; the rows beyond a
+    query are masked, add exact zeros, and change no bit of its output. `packed`: q, k and v
+    come from the ort flavour's packed projection [q | k | v] (the same weights, shared on
+    disk, §2).
 
         h ─ proj ─┬─ q ─ q_norm ─ rope ─ [q_scale] ─┐
                   ├─ k ─ k_norm ─ rope ─ cat(past) ─ softmax(q·kᵀ·s [capped] + bias) · v ─ o

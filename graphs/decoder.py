@@ -15,7 +15,9 @@ from seeing the padding, whose outputs are ignored.
 
 In the "ort" flavour (contract.py) the caches are whole head-major buffers
 (B,Hkv,max_context,D) in and `present_key.i` / `present_value.i` out, updated in place by
-ONNX Runtime's GroupQueryAttention (ort_ops.py).
+ONNX Runtime's GroupQueryAttention (ort_ops.py). The "static" flavour and the ort target's
+rows graph take the same caches, scatter the new rows into them, and attend over their first
+L rows, L the length of one more input, attend_rows (L,) (attention.py).
 
 It reuses the Hugging Face modules for embeddings, norms, MLPs and the LM head, and
 does positions (attention.py, positions.py), attention and mixture-of-experts blocks
@@ -103,7 +105,7 @@ class Decoder(nn.Module):
         if self.flavour == contract.ORT:
             return self._forward_ort(x, position_ids, past)
         live_rows = None
-        if self.flavour == contract.ROWS:   # the last input's length: attend rows [0, L)
+        if contract.attends_rows(self.flavour):   # the last input's length: rows [0, L)
             past, live_rows = past[:-1], past[-1].shape[0]
         tables = {key: rope.tables(position_ids, x.dtype) for key, rope in self.ropes.items()}
         static = self.flavour in (contract.STATIC, contract.ROWS)

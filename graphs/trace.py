@@ -2,7 +2,8 @@
 
 `export_decoder` wraps the model in `Decoder` and calls
 `torch.onnx.export(dynamo=True)` with dynamic batch, new_len and past_len (or, for the
-"ort" and "static" flavours, cache rows), in any graph flavour of contract.py.
+"ort" and "static" flavours, cache rows; and for the static flavour and the rows graph, the
+attended rows), in any graph flavour of contract.py.
 """
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context:
         extra = {}
     past = tuple(torch.zeros(kv_shape, dtype=dtype) for _ in range(2 * n_layers))
     shapes = ({0: B, 1: T}, {0: B, 1: T}, tuple(kv_dims for _ in past))
-    if graph == contract.ROWS:          # attend_rows (L,): attention reads cache rows [0, L)
+    if contract.attends_rows(graph):    # attend_rows (L,): attention reads cache rows [0, L)
         past += (torch.zeros(past_len + new_len, dtype=torch.int64),)
         shapes = shapes[:2] + (shapes[2] + ({0: torch.export.Dim("attend_rows", min=1,
                                                                 max=max_context)},),)

@@ -15,21 +15,31 @@ PREFILL_CHUNK = 256
 # bound as both `past_*` and `present_*`; the op writes the new rows in place at row past_len.
 # CPU provider only. "static": plain ONNX over the same head-major caches as "ort", bound in
 # place: each row's new keys/values are scattered (ScatterND) into its cache at its positions,
-# then attention reads the whole cache, masked by position, so a call's shapes depend only on
-# (B, new_len) and its addresses never move (what CUDA graphs capture), and rows of several new
+# then attention reads the cache's first rows (ATTEND_ROWS, below), masked by position, so a
+# call's addresses never move (what CUDA graphs capture), and rows of several new
 # tokens batch (GroupQueryAttention refuses that). Any ONNX Runtime provider; not TensorRT,
 # which does not alias an input and an output. All read the same input_ids / position_ids and
 # give the same logits. docs/design.md §2.
 STANDARD, ORT, STATIC = "standard", "ort", "static"
 GRAPHS = (STANDARD, ORT, STATIC)
 # The "ort" flavour's second target graph (docs/design.md §2, §11): the static flavour's
-# attention over the same arenas, reading only cache rows [0, L) where L is the length of one
-# more input, ATTEND_ROWS (B, ...) int64 of shape (L,), whose values are not read. ONNX
-# Runtime's GroupQueryAttention refuses several rows of several new tokens after a past; this
-# graph takes them in one call, so a batch's verification reads the weights once. Not a
+# attention over the same arenas, with q, k and v from the ort flavour's packed projection.
+# ONNX Runtime's GroupQueryAttention refuses several rows of several new tokens after a past;
+# this graph takes them in one call, so a batch's verification reads the weights once. Not a
 # --graph choice: it exists only beside an "ort" target, as ModelEntry.rows.
 ROWS = "rows"
+# The static flavour (schema 10 on) and the rows graph read only cache rows [0, L), where L is
+# the length of their last input, ATTEND_ROWS: int64 of shape (L,), whose values are not read;
+# the runtime passes L = max over the call's rows of past_len + new_len. So attention costs
+# what the live context costs, not max_context, and a row's logits keep their bits whatever L
+# (masked rows add exact zeros; docs/design.md §2, §12). A static graph of schema 9 or older
+# has no such input and attends over the whole cache (backends/ort.py checks the session).
 ATTEND_ROWS = "attend_rows"
+
+
+def attends_rows(graph: str) -> bool:
+    """Whether the graph flavour, as this exporter traces it, takes ATTEND_ROWS last."""
+    return graph in (STATIC, ROWS)
 
 
 def in_place(graph: str) -> bool:
@@ -167,7 +177,7 @@ def input_names(num_layers: int, graph: str = STANDARD) -> list[str]:
     names = [INPUT_IDS, POSITION_IDS]
     for i in range(num_layers):
         names += [past_key(i), past_value(i)]
-    return names + ([ATTEND_ROWS] if graph == ROWS else [])
+    return names + ([ATTEND_ROWS] if attends_rows(graph) else [])
 
 
 def output_names(num_layers: int, graph: str = STANDARD, aux: bool = False) -> list[str]:

@@ -15,7 +15,7 @@ from . import cache, contract
 from .errors import BundleError
 
 FORMAT = "ssd-bundle"
-SCHEMA_VERSION = 9          # 2: models carry "graph" (flavour); 1 reads as "standard"
+SCHEMA_VERSION = 10         # 2: models carry "graph" (flavour); 1 reads as "standard"
                             # 3: models carry "quant" (weights); 1 and 2 read as "none"
                             # 4: models carry "moe" (how MoE layers run); 1-3 read as "none"
                             # 5: tokenizer carries "special_tokens" (text), "split_special_tokens"
@@ -35,6 +35,10 @@ SCHEMA_VERSION = 9          # 2: models carry "graph" (flavour); 1 reads as "sta
                             #    head), "aux_layer_ids" (the layers whose entering stream the
                             #    target outputs as aux_hidden, and a head reads) and "head" (its
                             #    settings, HEAD_FIELDS); 1-8 read as "model", [], {}
+                            # 10: a static graph's inputs end with "attend_rows" (its
+                            #    attention reads cache rows [0, L), L that input's length,
+                            #    contract.ATTEND_ROWS); 1-9 have none and attend over every
+                            #    row (the runtime asks the session which it has)
 MAX_BATCH = 64              # the batch axis' bound in the traced graphs (graphs/trace.py)
 # an EAGLE-3 head's settings in ModelEntry.head (docs/design.md §14): the published layout it
 # was read from ("safeailab" or "speculators"), its width H, the target's width Ht (features

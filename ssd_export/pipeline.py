@@ -374,7 +374,7 @@ def _entry(root: Path, loaded: LoadedModel, traced: TracedModel,
         source=str(loaded.source), num_layers=traced.num_layers,
         num_kv_heads=traced.num_kv_heads, head_dim=traced.head_dim,
         vocab_size=traced.vocab_size, kv_dtype=traced.kv_dtype, logits_dtype="float32",
-        inputs=contract.input_names(traced.num_layers),
+        inputs=contract.input_names(traced.num_layers, traced.graph),
         outputs=contract.output_names(traced.num_layers, traced.graph, bool(traced.aux_layer_ids))
         + ([contract.TOP_ID, contract.TOP_PROB] if traced.tops else []),
         parameters=traced.parameters, parity=parity, graph=traced.graph, moe=traced.moe)

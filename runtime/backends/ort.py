@@ -5,7 +5,10 @@ KV buffers are preallocated arenas per layer, in the layout of the bundle's grap
 past as the prefix `[:past_len]` and the new-KV outputs at row `past_len` of the same buffer.
 "ort": head-major `(1, Hkv, max_context, D)`, bound whole as both past and present; the
 GroupQueryAttention kernel sees the same address on both sides and writes the new rows in
-place at the past length it reads from the positions. No KV copy ever, in either.
+place at the past length it reads from the positions. "static": the same arenas bound the
+same way; its ScatterND writes the new rows in place, and its attention reads cache rows
+[0, L), L = the call's longest past_len + new_len bound as `attend_rows` on every call
+(schema 10; older static graphs read all rows). No KV copy ever, in any.
 
 With `max_batch` S > 1 the arenas hold S slots, `(S, max_context, Hkv, D)` or
 `(S, Hkv, max_context, D)`, one sequence each (docs/design.md §11). `forward`/`prefill` with
@@ -141,6 +144,11 @@ class OrtCpuSession:
                         *contract.kv_output_names(i, entry.graph), *self._kv_ptrs(i))
                        for i in range(entry.num_layers)]
         self._ids_ptr, self._pos_ptr = self.ids.ctypes.data, self.positions.ctypes.data
+        # a static graph of schema 10 on attends over cache rows [0, L), L the length of its
+        # attend_rows input (values unread): bound on every call at the call's longest
+        # past_len + new_len; one of schema 9 or older has no such input and attends over all
+        # max_context rows (design §2)
+        self._attend = np.zeros(max_context, np.int64) if self.attends_rows else None
         self._logits_addr = self._logits_ptr()
         self.logits_dtype = DTYPES[entry.logits_dtype]
         self._top = self._tops()
@@ -172,6 +180,18 @@ class OrtCpuSession:
             for arg in io:
                 if arg.name in names:
                     into[arg.name] = np.zeros((rows, int(arg.shape[-1])), np.float32)
+
+    @property
+    def attends_rows(self) -> bool:
+        """Whether the graph reads only the cache rows [0, L) that contract.ATTEND_ROWS says."""
+        return contract.ATTEND_ROWS in {i.name for i in self.session.get_inputs()}
+
+    def _bind_attend(self, rows: int) -> None:
+        """Attention over cache rows [0, rows) in the next call, where the graph takes it. A
+        host input: on a GPU ONNX Runtime copies it across when bound, so it is bound on every
+        call (its length changes with the context)."""
+        if self._attend is not None:
+            self._bind_host_in(contract.ATTEND_ROWS, np.int64, (rows,), self._attend.ctypes.data)
 
     def _bind_extras(self, B: int, T: int) -> None:
         """Bind the extra inputs and outputs for a call of B rows of T tokens; before the
@@ -300,6 +320,7 @@ class OrtCpuSession:
             return self._rows_logits(B, T)
         if self.in_place:
             self._bind_caches(0, B)
+            self._bind_attend(int(past_lens.max()) + T)
         else:
             self._bind_scratch(B, T)
         bind_host = self._bind_host_in
@@ -365,6 +386,7 @@ class OrtCpuSession:
         elif self._caches_at != (slot, 1):
             self._bind_caches(slot, 1)
             self._bound_len = None
+        self._bind_attend(past_len + n)
         if self.extra_in or self.extra_out:
             self._bind_extras(1, n)
         if n != self._bound_len or not logits_out or logits_row:
@@ -474,9 +496,11 @@ class OrtCpuSession:
     def _check_io(self) -> None:
         found_in = [i.name for i in self.session.get_inputs()]
         found_out = [o.name for o in self.session.get_outputs()]
-        want_in = contract.input_names(self.entry.num_layers)
+        want_in = contract.input_names(self.entry.num_layers, self.entry.graph)
         want_out = contract.output_names(self.entry.num_layers, self.entry.graph)
         found_in = [n for n in found_in if n not in contract.HEAD_INPUTS]   # a head's (§14)
+        if found_in == want_in[:-1] and want_in[-1:] == [contract.ATTEND_ROWS]:
+            want_in = found_in     # a static graph of schema 9 or older, or a head's: no L
         found_out = [n for n in found_out if n not in contract.EXTRA_OUTPUTS]
         if found_in != want_in or found_out[:len(want_out)] != want_out:
             raise BackendError(f"{self.name} graph does not follow the contract: inputs "

@@ -4,10 +4,14 @@ so that speculation equals k=0 even where int8 activations would amplify a round
 difference into a parted token."""
 from __future__ import annotations
 
+import json
+import shutil
+
 import numpy as np
 import pytest
+from ssd_runtime import contract
 from ssd_runtime.backends import cpu_session
-from ssd_runtime.manifest import read_manifest
+from ssd_runtime.manifest import SCHEMA_VERSION, read_manifest, sha256_file
 
 # (graph, target quant): the plain-ONNX flavours are row-exact, float and quantized (their
 # attention MatMuls never run on one row: graphs/attention.py row_exact_matmul)
@@ -79,3 +83,74 @@ def test_a_quantized_targets_batch_equals_each_sequence_alone(bundle_factory, gr
         alone = [gen.generate(p, max_new_tokens=24, k=0, **settings).token_ids for p in asks]
         batch = gen.generate_batch(asks, max_new_tokens=24, k="auto", **settings)
         assert [r.token_ids for r in batch] == alone, settings
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4", "none"])
+def test_a_static_rows_bits_do_not_depend_on_how_many_rows_it_attends(bundle_factory, quant):
+    """The static flavour attends over cache rows [0, L), L = the call's longest past +
+    new_len (contract.ATTEND_ROWS, design §2): a short sequence alone (L its own length) and
+    beside one near the end of the context (L ~ max_context) gives the same bits, at one new
+    token (a decode step) and at k+1 (a verification)."""
+    bundle = bundle_factory("llama", "llama_cut", graph="static", quant=quant)
+    m = read_manifest(bundle)
+    assert m.target.graph == contract.STATIC and m.target.inputs[-1] == contract.ATTEND_ROWS
+    session = cpu_session("target", bundle, m, threads=2, max_batch=2)
+    assert session.attends_rows
+    T = m.max_draft + 1
+    prompts = [ids(5, 30), ids(m.max_context - T - 1, 31)]
+    for b, prompt in enumerate(prompts):
+        session.prefill(prompt, 0, slot=b)
+    past = np.array([len(p) for p in prompts])
+    new = np.stack([ids(T, 32), ids(T, 33)])                                  # (2, T)
+    for width in (1, T):
+        together = np.array(session.forward_rows(new[:, :width], past))       # (2, width, V)
+        alone = np.array(session.forward(new[0, :width], int(past[0]), slot=0))
+        assert (together[0] == alone).all(), \
+            f"{width} tokens: differs by {np.abs(together[0] - alone).max()}"
+
+
+def test_a_static_bundle_without_attend_rows_still_runs(bundle_factory, tmp_path):
+    """A static bundle of schema 9 or older (its graph attends over every cache row, with no
+    attend_rows input) loads and runs as before, with the same bits as today's graph, and its
+    speculation still equals its k=0. Made here from today's by turning the input into a
+    constant of max_context rows and rewriting the manifest as an older exporter wrote it."""
+    import onnx
+    from onnx import numpy_helper
+    from ssd_runtime import Generator
+
+    bundle = bundle_factory("llama", "llama_cut", graph="static", quant="int8")
+    old = tmp_path / "old"
+    shutil.copytree(bundle, old)
+    m = read_manifest(bundle)
+    graph_file = old / m.target.path
+    model = onnx.load(str(graph_file), load_external_data=False)
+    (attend,) = [i for i in model.graph.input if i.name == contract.ATTEND_ROWS]
+    model.graph.input.remove(attend)
+    model.graph.initializer.append(numpy_helper.from_array(
+        np.zeros(m.max_context, np.int64), contract.ATTEND_ROWS))
+    onnx.save(model, str(graph_file))
+    data = json.loads((old / "manifest.json").read_text())
+    assert data["schema_version"] == SCHEMA_VERSION == 10
+    data["schema_version"] = 9
+    data["models"]["target"]["inputs"].remove(contract.ATTEND_ROWS)
+    data["files"][m.target.path] = sha256_file(graph_file)
+    (old / "manifest.json").write_text(json.dumps(data))
+
+    sessions = []
+    for root in (bundle, old):
+        session = cpu_session("target", root, read_manifest(root), threads=2, max_batch=2)
+        session.prefill(ids(40, 40), 0, slot=1)
+        session.prefill(ids(9, 41), 0, slot=0)
+        sessions.append(session)
+    assert sessions[0].attends_rows and not sessions[1].attends_rows
+    new = np.stack([ids(m.max_draft + 1, 42), ids(m.max_draft + 1, 43)])
+    past = np.array([9, 40])
+    for width in (1, m.max_draft + 1):
+        today, before = (np.array(s.forward_rows(new[:, :width], past)) for s in sessions)
+        assert (today == before).all(), f"{width} tokens"
+        today, before = (np.array(s.forward(new[0, :width], 9)) for s in sessions)
+        assert (today == before).all(), f"{width} tokens alone"
+    gen = Generator.load(old)
+    prompt = ids(11, 44).tolist()
+    assert gen.generate(prompt, max_new_tokens=24, k="auto").token_ids == \
+        gen.generate(prompt, max_new_tokens=24, k=0).token_ids

@@ -104,6 +104,8 @@ def _run_ort(session, ids, pos, caches):
     binding.bind_cpu_input(contract.INPUT_IDS, np.ascontiguousarray(ids))
     binding.bind_cpu_input(contract.POSITION_IDS, np.ascontiguousarray(pos))
     binding.bind_output(contract.LOGITS)
+    if contract.ATTEND_ROWS in {i.name for i in session.get_inputs()}:   # static: rows [0, L)
+        binding.bind_cpu_input(contract.ATTEND_ROWS, np.arange(int(pos.max()) + 1))
     for i in range(_layers(session)):
         for j, (past, present) in enumerate(((contract.past_key(i), contract.present_key(i)),
                                              (contract.past_value(i), contract.present_value(i)))):
