@@ -146,7 +146,9 @@ class Loop:
         for row in rows:
             if row.drafter.lagging(row.target_len) and row.schedule.uses_draft:
                 self._timed(row, row.drafter.catch_up, row.seq, row.target_len)   # a head (§14)
-            k = row.schedule.next_k()
+            # a batch at k = 0 asks no schedule: each would plan for nothing (tens of µs a
+            # round at 16 rows, which an overhead-bound target's 0.5 ms round feels)
+            k = 0 if cap == 0 else row.schedule.next_k()
             if cap is not None:
                 k = min(k, cap)
             row.k = max(0, min(k, row.room(self.max_context) - 1, most))
@@ -164,7 +166,8 @@ class Loop:
             d = row.drafts
             rows_logits = logits if one else logits[row.slot, :len(d) + 1]
             j, t = row.rule.verify(rows_logits, d, row.probs, row.target_len + 1)
-            row.schedule.observe(len(d), j, t2 - t0 if one else None)
+            if cap != 0:                         # (nothing drafted: nothing to learn)
+                row.schedule.observe(len(d), j, t2 - t0 if one else None)
             row.target_len += j + 1              # rows for last, d1..dj stay valid
             row.drafter.settle(row.target_len, j == len(d), t)
             new = [*d[:j], t]
