@@ -148,7 +148,6 @@ class Batch:
         self._done: list[Event] = []             # ended outside a round (cancel, no room)
         self._vocab = (generator.manifest.target.vocab_size, generator.manifest.draft.vocab_size)
         self._cap: int | None = None             # this round's cap on k (None: none)
-        self._drafting = False                   # whether this round's newcomers feed the draft
         self._planned: tuple = ()                # ((prices, ids), alphas, k) of the last plan
         self._plan_rounds = 0                    # rounds left before it is made again
         if k == "auto":                  # measured now, not in the middle of a round
@@ -202,8 +201,6 @@ class Batch:
         running = self._running()
         if running:         # this round's cap, known before the prefill: newcomers' drafts wait
             self._cap = self._batch_k(running, max(s.slot for s in running) + 1)
-            guard = self.gen._realized.get(len(running))
-            self._drafting = self._cap != 0 and not (guard is not None and guard.holding)
         self._prefill()
         run = [s for s in self._running() if s.prefilled]
         if run:
@@ -229,8 +226,10 @@ class Batch:
     def _prefill(self) -> None:
         """Newcomers' prompts, PREFILL_BUDGET tokens a round in all (a long prompt takes
         several rounds, and the running sequences wait one chunk's time per round)."""
-        budget = PREFILL_BUDGET
-        for seq in self._running():
+        budget, running = PREFILL_BUDGET, self._running()
+        guard = self.gen._realized.get(len(running))     # holding k = 0: no draft to feed
+        drafting = self._cap != 0 and not (guard is not None and guard.holding)
+        for seq in running:
             if seq.prefilled:
                 continue
             row = seq.row
@@ -250,7 +249,7 @@ class Batch:
                 # drafts (loop.py)
                 drafter, synced = row.drafter, row.drafter.synced_with(row.target_len)
                 row.target_len += len(chunk)
-                if row.schedule.uses_draft and (self._drafting and synced and drafter.fed
+                if row.schedule.uses_draft and (drafting and synced and drafter.fed
                                                 or drafter.lagging(row.target_len)):
                     t1, behind = perf_counter(), row.target_len - drafter.draft_len
                     drafter.catch_up(row.seq, row.target_len)   # a head: its features (§14)

@@ -285,6 +285,12 @@ else   # the CPU stand-in: the same steps, small enough for a 2-core machine
 fi
 PROMPTS2="$WORK/two_prompts.jsonl"
 head -2 runtime/data/bench_prompts.jsonl > "$PROMPTS2"
+# tokens_step SECONDS LABEL BUNDLE: the bundle's streams and batches on the backend against
+# the CPU provider's k=0 (tools/gpu_tokens.py)
+tokens_step() {
+  step "$1" "tokens: $2 on $BACKEND" "$PY" tools/gpu_tokens.py "$3" --backend "$BACKEND" \
+    --rows "$ROWS" --k "$KS" --max-new-tokens "$TOKENS" --placement
+}
 wait_prepare() {   # the timings want the cores to themselves
   if prepare_running; then
     say "waiting for the prepare stage to end"
@@ -295,8 +301,7 @@ wait_prepare() {   # the timings want the cores to themselves
 if want a; then
 section "a. demo pair, static flavour: $BACKEND streams and batches of $ROWS against the cpu's k=0"
 demo_bundle
-step 150 "tokens: demo static on $BACKEND" "$PY" tools/gpu_tokens.py "$DEMO" --backend "$BACKEND" \
-  --rows "$ROWS" --k "$KS" --max-new-tokens "$TOKENS" --placement
+tokens_step 150 "demo static" "$DEMO"
 fi
 
 if want g; then
@@ -313,15 +318,13 @@ fi
 if want f; then
 section "f. an EAGLE-3 head (static flavour) on the demo target: $BACKEND against the cpu's k=0"
 head_bundle
-step 120 "tokens: demo + head on $BACKEND" "$PY" tools/gpu_tokens.py "$HEADB" --backend "$BACKEND" \
-  --rows "$ROWS" --k "$KS" --max-new-tokens "$TOKENS" --placement
+tokens_step 120 "demo + head" "$HEADB"
 fi
 
 if want e; then
 section "e. int8 target (static flavour, DequantizeLinear): $BACKEND against the cpu's k=0"
 quant_bundle
-step 120 "tokens: demo int8 on $BACKEND" "$PY" tools/gpu_tokens.py "$QUANT" --backend "$BACKEND" \
-  --rows "$ROWS" --k "$KS" --max-new-tokens "$TOKENS" --placement
+tokens_step 120 "demo int8" "$QUANT"
 fi
 
 # the random draft is never right, but a random target's greedy text repeats itself, which

@@ -207,10 +207,9 @@ class Realized:
             return 0
         if len(self.drafted) >= self.MIN_DRAFTED:
             if self.per_token(self.drafted) > self.per_token(self.plain):
-                self.hold, self.next_hold = self.next_hold, min(2 * self.next_hold,
-                                                                self.MAX_HOLD)
+                self.hold = self.next_hold - 1          # this round is the hold's first
+                self.next_hold = min(2 * self.next_hold, self.MAX_HOLD)
                 self.held += 1
-                self.hold -= 1
                 return 0
             self.next_hold = self.HOLD
         return k
