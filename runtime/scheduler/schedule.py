@@ -200,7 +200,9 @@ class AdaptiveK:
             self._idle = 0
         else:       # α is not measured while nothing is drafted: probe now and then (below)
             self._idle += 1
-            if self._idle >= PROBE_EVERY << min(self.learnt.misses, PROBE_BACKOFF):
+            wait = PROBE_EVERY << min(self.learnt.misses, PROBE_BACKOFF) \
+                if self.learnt.measured else 1          # an estimate: measured at once
+            if self._idle >= wait:
                 k, self._probe, self._idle = min(PROBE, self.max_k), True, 0
         self._k, self._survive, self._tops, self._taken, self._scale = k, 1.0, [], 0, 1.0
         return self.max_k if k or self.lookup is not None else 0

@@ -210,7 +210,8 @@ def test_median_of_calibrations_takes_each_time_apart_and_keeps_verify_monotone(
 
 def test_a_plan_that_drafts_nothing_probes_with_growing_waits():
     """α is not measured while nothing is drafted: a probe of PROBE tokens every PROBE_EVERY
-    rounds, the wait doubling after each probe with nothing accepted, reset by a hit."""
+    rounds, the wait doubling after each probe with nothing accepted, reset by a hit. The
+    first comes at once: α was only the export's estimate until a round measured it."""
     from ssd_runtime.scheduler.learning import PROBE, PROBE_EVERY
 
     sched = AdaptiveK(cpu_like(), 8, Acceptance.starting_at(0.02))
@@ -224,7 +225,7 @@ def test_a_plan_that_drafts_nothing_probes_with_growing_waits():
             assert sched.keep_drafting(1, np.zeros((1, 4)), (0, 0.01))   # past the rule
             assert not sched.keep_drafting(2, np.zeros((1, 4)), (0, 0.01))
         sched.observe(2 if k else 0, 0)
-    assert probes == [PROBE_EVERY, 3 * PROBE_EVERY, 7 * PROBE_EVERY]    # waits 16, 32, 64
+    assert probes == [1, 1 + 2 * PROBE_EVERY, 1 + 6 * PROBE_EVERY]    # waits 1, 32, 64
     assert sched.learnt.misses == 3
     while not sched.next_k():          # the next probe: its first token is accepted
         sched.observe(0, 0)
