@@ -20,6 +20,10 @@ import torch
 from ssd_runtime.errors import ConfigError
 from torch import nn
 
+from .attention import Heads
+from .decoder import Decoder
+from .registry import adapter_for
+
 # classes whose MTP layer is `model.layers.{num_hidden_layers + i}.*` as vLLM's deepseek_mtp.py
 # and glm4_moe_mtp.py read it, and whose target graphs the toolkit builds
 MTP_CLASSES = ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM", "Glm4MoeForCausalLM")
@@ -59,18 +63,13 @@ class MtpConfig:
         return (self.source_layer,)
 
 
-class _Heads:                   # the cache's shape, as head_parity reads it from a head
-    def __init__(self, num_kv_heads: int, head_dim: int) -> None:
-        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
-
-
 class MtpHead(nn.Module):
     """The MTP layer: enorm, hnorm, eh_proj, and `model`, a one-layer Hugging Face model of the
     target's class whose layer is the MTP block, norm shared_head.norm and lm_head
     shared_head.head (or the target's), embedding the target's."""
 
     def __init__(self, config: MtpConfig, model: nn.Module, fusion: dict[str, torch.Tensor],
-                 cache: tuple[int, int]) -> None:
+                 heads: Heads) -> None:
         super().__init__()
         self.config, self.model = config, model.float().eval()
         H, eps = config.hidden_size, config.rms_norm_eps
@@ -81,7 +80,7 @@ class MtpHead(nn.Module):
             for name, module in (("enorm", self.enorm), ("hnorm", self.hnorm),
                                  ("eh_proj", self.eh_proj)):
                 module.weight.copy_(fusion[f"{name}.weight"].float())
-        self.heads = _Heads(*cache)
+        self.heads = heads      # the cache's shape, as the target graphs lay it out
         self.eval()
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
@@ -200,11 +199,7 @@ def load_mtp(source: str | Path, target: nn.Module) -> MtpHead:
                        vocab_size=int(d["vocab_size"]), source_layer=L,
                        num_nextn_predict_layers=int(d["num_nextn_predict_layers"]),
                        own_lm_head=head is not None, rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)))
-    from .decoder import Decoder
-    from .registry import adapter_for
-
-    decoder = Decoder(model, adapter_for(model, str(source)))
-    return MtpHead(config, model, tensors, (decoder.num_kv_heads, decoder.head_dim))
+    return MtpHead(config, model, tensors, Decoder(model, adapter_for(model, str(source))).heads)
 
 
 def _one_layer(folder: Path, d: dict[str, Any], state: dict[str, torch.Tensor]) -> nn.Module:

@@ -235,3 +235,15 @@ def test_a_deepseek_v2_mtp_layer_matches_hugging_face(tmp_path):
     head = load_mtp(folder, AutoModelForCausalLM.from_pretrained(folder).eval())
     traced = export_mtp(head, str(folder), tmp_path / "g" / "model.onnx", 64, contract.STANDARD)
     assert max(head_parity(head, traced.path, contract.STANDARD, 4, 64).values()) < 1e-3
+
+
+def test_more_mtp_layers_than_one_export_the_first_and_say_so(targets, tmp_path):
+    """As vLLM's proposer drafts: the first MTP layer at every step, the others unread."""
+    from ssd_export.mtp import read_mtp
+    from transformers import AutoModelForCausalLM
+
+    folder = _edit_config(_copy(targets, tmp_path), num_nextn_predict_layers=2)
+    loaded = read_mtp(str(folder), AutoModelForCausalLM.from_pretrained(folder).eval())
+    assert loaded.config.source_layer == LAYERS and loaded.config.aux_layer_ids == (LAYERS,)
+    assert loaded.settings()["num_nextn_predict_layers"] == 2
+    assert "the checkpoint has 2, the first drafts every step" in loaded.describe()
