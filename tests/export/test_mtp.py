@@ -17,8 +17,9 @@ import torch
 from ssd_export import ExportConfig, export_bundle
 from ssd_graphs.mtp import load_mtp
 from ssd_runtime import Generator, contract
-from ssd_runtime.errors import ConfigError
-from ssd_runtime.manifest import read_manifest
+from ssd_graphs.trt_lint import errors, lint_file
+from ssd_runtime.errors import BundleError, ConfigError
+from ssd_runtime.manifest import Manifest, read_manifest
 from ssd_runtime.round.loop import Loop, Row, Stats
 from ssd_runtime.scheduler.schedule import FixedK
 
@@ -107,6 +108,17 @@ def test_the_manifest_describes_the_mtp_layer(bundles):
     assert max(m.draft.parity.values()) < 1e-3
 
 
+def test_the_manifest_ties_the_mtp_layer_to_the_target_feature(bundles):
+    data = json.loads((bundles("deepseek_v3") / "manifest.json").read_text())
+    assert Manifest.from_dict(json.loads(json.dumps(data))).draft.kind == contract.MTP
+    for role, ids in (("draft", [0, 1, 2]), ("target", [LAYERS - 1])):
+        broken = json.loads(json.dumps(data))
+        broken["models"][role]["aux_layer_ids"] = ids
+        with pytest.raises(BundleError, match=r"the draft is a head \(mtp\) but the bundle "
+                                              r"does not describe it whole"):
+            Manifest.from_dict(broken)
+
+
 def _row(gen: Generator, prompt: list[int], k: int, slot: int = 0) -> Row:
     req = gen.request(prompt, max_new_tokens=12, k=k)
     schedule = FixedK(k)
@@ -153,6 +165,8 @@ def test_a_glm4_moe_mtp_layer_without_its_own_head_is_lossless_in_a_batch(bundle
     assert g.draft.head["lm_head"] == "target" and g.draft.aux_layer_ids == [LAYERS]
     assert (g.target.graph, g.draft.graph) == (contract.STANDARD, contract.STANDARD)
     assert max(g.draft.parity.values()) < 1e-3 and g.target.parity[contract.AUX_HIDDEN] < 1e-3
+    for entry in (g.target, g.draft):    # standard ONNX, as the TensorRT lint reads it
+        assert errors(lint_file(bundles("glm4_moe") / entry.path, entry.path)) == [], entry.path
     gen = Generator.load(bundles("glm4_moe"), backend="cpu", threads=1, max_batch=3)
     alone = [gen.generate(p, max_new_tokens=12, k=0).token_ids for p in PROMPTS]
     assert [gen.generate(p, max_new_tokens=12, k=3).token_ids for p in PROMPTS] == alone
