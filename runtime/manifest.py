@@ -15,7 +15,7 @@ from . import cache, contract
 from .errors import BundleError
 
 FORMAT = "ssd-bundle"
-SCHEMA_VERSION = 10         # 2: models carry "graph" (flavour); 1 reads as "standard"
+SCHEMA_VERSION = 11         # 2: models carry "graph" (flavour); 1 reads as "standard"
                             # 3: models carry "quant" (weights); 1 and 2 read as "none"
                             # 4: models carry "moe" (how MoE layers run); 1-3 read as "none"
                             # 5: tokenizer carries "special_tokens" (text), "split_special_tokens"
@@ -39,6 +39,9 @@ SCHEMA_VERSION = 10         # 2: models carry "graph" (flavour); 1 reads as "sta
                             #    attention reads cache rows [0, L), L that input's length,
                             #    contract.ATTEND_ROWS); 1-9 have none and attend over every
                             #    row (the runtime asks the session which it has)
+                            # 11: a draft's "kind" may be "mtp" (the target's own MTP layer,
+                            #    docs/design.md §14.1: features of width H, the last layer's
+                            #    final-normed output); 1-10 know "model" and "eagle3" only
 MAX_BATCH = 64              # the batch axis' bound in the traced graphs (graphs/trace.py)
 # an EAGLE-3 head's settings in ModelEntry.head (docs/design.md §14): the published layout it
 # was read from ("safeailab" or "speculators"), its width H, the target's width Ht (features
@@ -255,7 +258,7 @@ def _check_head(manifest: Manifest, where: str) -> None:
     if draft.kind == contract.MODEL:
         if target.aux_layer_ids or contract.AUX_HIDDEN in target.outputs:
             raise BundleError(f"{where}: the target outputs {contract.AUX_HIDDEN} but the draft "
-                              f"is not an EAGLE-3 head. {_HINT}")
+                              f"is not a head (EAGLE-3 or MTP). {_HINT}")
         return
     missing = [k for k in HEAD_FIELDS if k not in draft.head]
     features = 1 if draft.kind == contract.MTP else 3   # MTP: the last hidden state, normed
