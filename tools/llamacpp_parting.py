@@ -56,13 +56,16 @@ def main(argv: list[str] | None = None) -> int:
     for tq, dq in pairs:
         target, draft = files["target", tq], files["draft", dq]
         same = runs = 0
-        where = []
+        where, accepted = [], []         # its acceptance per run (it did speculate)
         for i, text in enumerate(texts):
             n_prompt = len(lc.tokenize(tools, target, text))
             alone = lc.target_alone(tools, target, text, n_prompt, args.tokens, args.threads).text
             for k in ks:
-                spec = lc.speculative(tools, target, draft, text, n_prompt, args.tokens,
-                                      args.threads, args.threads, k).text
+                run = lc.speculative(tools, target, draft, text, n_prompt, args.tokens,
+                                     args.threads, args.threads, k)
+                spec = run.text
+                if run.acceptance is not None:
+                    accepted.append(run.acceptance)
                 # llama-speculative-simple may run a few tokens past n: compare what both made
                 common = min(len(alone), len(spec))
                 runs += 1
@@ -73,10 +76,13 @@ def main(argv: list[str] | None = None) -> int:
                 where.append({"prompt": i, "k": k, "at_char": at, "of_chars": len(alone),
                               "alone": alone[max(0, at - 20):at + 20],
                               "speculative": spec[max(0, at - 20):at + 20]})
+        mean = sum(accepted) / len(accepted) if accepted else None
         print(f"llama.cpp {tq} target, {dq} draft: {same} of {runs} greedy runs equal the "
               f"target alone's text" + (f"; first partings at characters "
-                                        f"{[w['at_char'] for w in where]}" if where else ""))
-        report.append({"target": tq, "draft": dq, "runs": runs, "same": same, "where": where})
+                                        f"{[w['at_char'] for w in where]}" if where else "")
+              + (f"; its acceptance {mean:.2f} on average" if mean is not None else ""))
+        report.append({"target": tq, "draft": dq, "runs": runs, "same": same,
+                       "acceptance": mean, "where": where})
     if args.json:
         args.json.write_text(json.dumps({"tokens": args.tokens, "ks": ks, "threads": args.threads,
                                          "prompts": str(args.prompts), "pairs": report},
