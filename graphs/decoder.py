@@ -178,12 +178,13 @@ class Decoder(nn.Module):
 
     def _qkv_tables(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """cos, sin (B, T, 1, D) -> (B, T, H + 2·Hkv, D) over packed [q | k | v] heads: the
-        tables for q and k, and 1, 0 for v, which a rotation then leaves as it is (v·1 + 0)."""
-        B, T, _, D = cos.shape
+        tables for q and k, and 1, 0 for v, which a rotation then leaves as it is (v·1 + 0).
+
+            cos·m + (1 - m), sin·m      m (H + 2·Hkv, 1): 1 for q and k heads, 0 for v
+        """
         H, Hkv = self.heads.num_heads, self.heads.num_kv_heads
-        rotated = (B, T, H + Hkv, D)
-        return (torch.cat((cos.expand(rotated), torch.ones_like(cos).expand(B, T, Hkv, D)), 2),
-                torch.cat((sin.expand(rotated), torch.zeros_like(sin).expand(B, T, Hkv, D)), 2))
+        m = torch.cat((torch.ones(H + Hkv, 1), torch.zeros(Hkv, 1))).to(cos.dtype)
+        return cos * m + (1 - m), sin * m
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         a = self.adapter
