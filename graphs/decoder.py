@@ -94,6 +94,17 @@ class Decoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
                 *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        x = self.embed_input(input_ids, position_ids)               # (B, T, H)
+        if self.flavour == contract.ORT:
+            return self._forward_ort(x, position_ids, past)
+        live_rows = None
+        if contract.attends_rows(self.flavour):   # the last input's length: rows [0, L)
+            past, live_rows = past[:-1], past[-1].shape[0]
+        x, outputs, entering = self.decode(x, position_ids, past, live_rows)
+        return (self.lm_logits(x), *outputs, *self._aux(entering, x))
+
+    def embed_input(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """The first layer's input (B, T, H): the embedding and what the model puts after it."""
         a = self.adapter
         x = self.embed(input_ids)                                   # (B, T, E)
         if a.embed_scale != 1.0:
@@ -104,11 +115,14 @@ class Decoder(nn.Module):
             x = self.project_in(x)                                  # (B, T, H)
         if self.pos_embed is not None:                              # learned absolute positions
             x = x + nn.functional.embedding(position_ids + a.pos_offset, self.pos_embed.weight)
-        if self.flavour == contract.ORT:
-            return self._forward_ort(x, position_ids, past)
-        live_rows = None
-        if contract.attends_rows(self.flavour):   # the last input's length: rows [0, L)
-            past, live_rows = past[:-1], past[-1].shape[0]
+        return x
+
+    def decode(self, x: torch.Tensor, position_ids: torch.Tensor, past: tuple[torch.Tensor, ...],
+               live_rows=None) -> tuple[torch.Tensor, list[torch.Tensor], dict[int, torch.Tensor]]:
+        """Every layer over x (B, T, H) in the standard or static flavour: the last layer's
+        output (before the final norm), the KV outputs, the stream entering each layer. An MTP
+        head (mtp.py) calls this with its own first input in place of the embedding."""
+        a = self.adapter
         tables = {key: rope.tables(position_ids, x.dtype) for key, rope in self.ropes.items()}
         static = self.flavour in (contract.STATIC, contract.ROWS)
         if static:      # keys at their rows of the whole cache; beyond a query: not yet valid
@@ -145,12 +159,16 @@ class Decoder(nn.Module):
                                           scatter_at=index if static else None,
                                           live_rows=live_rows, packed=packed)
             outputs += [new_k, new_v]
-        return (self._head(x), *outputs, *self._aux(entering))
+        return x, outputs, entering
 
-    def _aux(self, entering: dict[int, torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        """(aux_hidden (B, T, 3·Ht) float32,) from the streams entering each layer, or ()."""
+    def _aux(self, entering: dict[int, torch.Tensor], x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(aux_hidden (B, T, n·Ht) float32,) from the streams entering each layer, or ().
+        Layer L (one past the last) is the last layer's output after the final norm, Hugging
+        Face's hidden_states[L]: what an MTP head reads (docs/design.md §14)."""
         if not self.aux_layers:
             return ()
+        if len(self.layers) in self.aux_layers:
+            entering[len(self.layers)] = x if self.final_norm is None else self.final_norm(x)
         return (torch.cat([entering[i] for i in self.aux_layers], dim=-1).float(),)
 
     def _packed(self, i: int) -> nn.Module | None:
@@ -186,7 +204,7 @@ class Decoder(nn.Module):
         m = torch.cat((torch.ones(H + Hkv, 1), torch.zeros(Hkv, 1))).to(cos.dtype)
         return cos * m + (1 - m), sin * m
 
-    def _head(self, x: torch.Tensor) -> torch.Tensor:
+    def lm_logits(self, x: torch.Tensor) -> torch.Tensor:
         a = self.adapter
         if self.final_norm is not None:
             x = self.final_norm(x)
@@ -320,7 +338,7 @@ class Decoder(nn.Module):
                                               caches[2 * i], caches[2 * i + 1], self.scalings[i],
                                               None, o, q_scale)
             outputs += [cache_k, cache_v]
-        return (self._head(x), *outputs, *self._aux(entering))
+        return (self.lm_logits(x), *outputs, *self._aux(entering, x))
 
     def _layer(self, i: int, x: torch.Tensor, rope: Rope | None, cos_sin,
                past_k: torch.Tensor, past_v: torch.Tensor, scaling: float,

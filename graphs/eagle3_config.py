@@ -38,6 +38,11 @@ class Eagle3Config:
     hidden_act: str = "silu"
     rope_scaling: dict[str, Any] | None = field(default=None, hash=False)
 
+    @property
+    def feature_width(self) -> int:
+        """The width of the features the head reads: three of the target's hidden states."""
+        return 3 * self.target_hidden_size
+
     @classmethod
     def default_aux_layer_ids(cls, num_target_layers: int) -> tuple[int, int, int]:
         """SafeAILab's and vLLM's: the residual stream entering layers 2, L//2 and L-3."""

@@ -58,11 +58,25 @@ def export_head(head: Eagle3Head, path: Path, max_context: int, graph: str) -> T
     wrapper = HeadGraph(head.float().eval(), graph).eval()
     c = head.config
     Hkv, D = head.heads.num_kv_heads, head.heads.head_dim
+    trace_head_graph(wrapper, path, max_context, graph, 3 * c.target_hidden_size,
+                     c.hidden_size, Hkv, D)
+    return TracedModel(path=path, num_layers=1, num_kv_heads=Hkv, head_dim=D,
+                       vocab_size=c.vocab_size, kv_dtype="float32",
+                       parameters=sum(p.numel() for p in head.parameters()), graph=graph,
+                       aux_layer_ids=tuple(c.aux_layer_ids))
+
+
+def trace_head_graph(wrapper: nn.Module, path: Path, max_context: int, graph: str,
+                     feature_width: int, hidden_width: int, num_kv_heads: int,
+                     head_dim: int) -> None:
+    """torch.onnx.export of a head's graph wrapper (EAGLE-3's HeadGraph, mtp_trace.MtpGraph)
+    with the head contract's names and every axis symbolic; float32."""
+    Hkv, D = num_kv_heads, head_dim
     batch, new_len, past_len = 2, 3, 5          # not 0 or 1: every axis stays symbolic
     ids = torch.zeros((batch, new_len), dtype=torch.int64)
     pos = torch.arange(past_len, past_len + new_len).repeat(batch, 1)
-    features = torch.zeros((batch, new_len, 3 * c.target_hidden_size))
-    hidden = torch.zeros((batch, new_len, c.hidden_size))
+    features = torch.zeros((batch, new_len, feature_width))
+    hidden = torch.zeros((batch, new_len, hidden_width))
     B = torch.export.Dim("batch", min=1, max=64)
     T = torch.export.Dim("new_len", min=1, max=max_context)
     if contract.in_place(graph):
@@ -83,7 +97,3 @@ def export_head(head: Eagle3Head, path: Path, max_context: int, graph: str) -> T
             dynamic_shapes=shapes, verbose=False)
         program.save(str(path), external_data=True)
     rewrite_rsqrt_as_div(path)
-    return TracedModel(path=path, num_layers=1, num_kv_heads=Hkv, head_dim=D,
-                       vocab_size=c.vocab_size, kv_dtype="float32",
-                       parameters=sum(p.numel() for p in head.parameters()), graph=graph,
-                       aux_layer_ids=tuple(c.aux_layer_ids))

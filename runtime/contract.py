@@ -154,8 +154,12 @@ def kv_output_names(i: int, graph: str = STANDARD) -> tuple[str, str]:
 # static beside an ort or static target (rows of different new_len batch in one call), standard
 # beside a standard one (TensorRT).
 AUX_HIDDEN, FEATURES, HIDDEN, HIDDEN_OUT = "aux_hidden", "features", "hidden", "hidden_out"
-MODEL, EAGLE3 = "model", "eagle3"        # ModelEntry.kind: a decoder model, or an EAGLE-3 head
-KINDS = (MODEL, EAGLE3)
+# ModelEntry.kind: a decoder model, an EAGLE-3 head, or the target's own MTP layer (DeepSeek V3,
+# GLM-4 MoE), which reads one feature: the target's last hidden state after its final norm
+# (aux_layer_ids [L], L the target's depth), as wide as the target (docs/design.md §14)
+MODEL, EAGLE3, MTP = "model", "eagle3", "mtp"
+KINDS = (MODEL, EAGLE3, MTP)
+HEADS = (EAGLE3, MTP)        # the kinds that draft from the target's features
 HEAD_INPUTS = (FEATURES, HIDDEN)          # beyond a model's inputs: the runtime's host buffers
 EXTRA_OUTPUTS = (AUX_HIDDEN, HIDDEN_OUT)  # ... and outputs (backends/ort.py)
 

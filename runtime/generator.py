@@ -77,7 +77,7 @@ class Generator:
         # a feature-level head reads the target's features, which the target's calls leave in
         # this store (round/features.py, docs/design.md §14)
         self.features = attach(self.target, self.draft, self.max_batch) \
-            if manifest.draft.kind == contract.EAGLE3 else None
+            if manifest.draft.kind in contract.HEADS else None
         if self.features is not None and self.mode == "split":
             raise ConfigError(_SPLIT_HEAD)
 

@@ -15,7 +15,7 @@ from . import cache, contract
 from .errors import BundleError
 
 FORMAT = "ssd-bundle"
-SCHEMA_VERSION = 10         # 2: models carry "graph" (flavour); 1 reads as "standard"
+SCHEMA_VERSION = 11         # 2: models carry "graph" (flavour); 1 reads as "standard"
                             # 3: models carry "quant" (weights); 1 and 2 read as "none"
                             # 4: models carry "moe" (how MoE layers run); 1-3 read as "none"
                             # 5: tokenizer carries "special_tokens" (text), "split_special_tokens"
@@ -39,6 +39,9 @@ SCHEMA_VERSION = 10         # 2: models carry "graph" (flavour); 1 reads as "sta
                             #    attention reads cache rows [0, L), L that input's length,
                             #    contract.ATTEND_ROWS); 1-9 have none and attend over every
                             #    row (the runtime asks the session which it has)
+                            # 11: a draft's "kind" may be "mtp" (the target's own MTP layer,
+                            #    docs/design.md §14.1: features of width H, the last layer's
+                            #    final-normed output); 1-10 know "model" and "eagle3" only
 MAX_BATCH = 64              # the batch axis' bound in the traced graphs (graphs/trace.py)
 # an EAGLE-3 head's settings in ModelEntry.head (docs/design.md §14): the published layout it
 # was read from ("safeailab" or "speculators"), its width H, the target's width Ht (features
@@ -79,9 +82,10 @@ class ModelEntry:
     rows: str = ""
     rows_parity: dict[str, float] = field(default_factory=dict)
     rows_note: str = ""
-    # schema 9 (docs/design.md §14): a decoder "model" or an "eagle3" head (contract.KINDS;
-    # only a draft may be a head); the layers, in order, whose entering residual stream the
-    # target outputs as contract.AUX_HIDDEN and the head reads as its features ([]: none);
+    # schema 9 (docs/design.md §14): a decoder "model", an "eagle3" head or the target's own
+    # "mtp" layer (contract.KINDS; only a draft may be a head); the layers, in order, whose
+    # entering residual stream the target outputs as contract.AUX_HIDDEN and the head reads
+    # as its features ([]: none; an MTP head's [L]: the last layer's output, final-normed);
     # the head's settings (HEAD_FIELDS; {} for a model)
     kind: str = contract.MODEL
     aux_layer_ids: list[int] = field(default_factory=list)
@@ -237,7 +241,8 @@ class Manifest:
 
 
 def _check_head(manifest: Manifest, where: str) -> None:
-    """An EAGLE-3 draft and its target agree: the target outputs the features the head reads."""
+    """A head draft (EAGLE-3, MTP) and its target agree: the target outputs the features the
+    head reads."""
     target, draft = manifest.target, manifest.draft
     for role, entry in (("target", target), ("draft", draft)):
         if entry.kind not in contract.KINDS:
@@ -253,13 +258,15 @@ def _check_head(manifest: Manifest, where: str) -> None:
     if draft.kind == contract.MODEL:
         if target.aux_layer_ids or contract.AUX_HIDDEN in target.outputs:
             raise BundleError(f"{where}: the target outputs {contract.AUX_HIDDEN} but the draft "
-                              f"is not an EAGLE-3 head. {_HINT}")
+                              f"is not a head (EAGLE-3 or MTP). {_HINT}")
         return
     missing = [k for k in HEAD_FIELDS if k not in draft.head]
-    if (missing or len(draft.aux_layer_ids) != 3 or draft.aux_layer_ids != target.aux_layer_ids
+    features = 1 if draft.kind == contract.MTP else 3   # MTP: the last hidden state, normed
+    if (missing or len(draft.aux_layer_ids) != features
+            or draft.aux_layer_ids != target.aux_layer_ids
             or contract.AUX_HIDDEN not in target.outputs
             or contract.HIDDEN_OUT not in draft.outputs):
-        raise BundleError(f"{where}: the draft is an EAGLE-3 head but the bundle does not "
+        raise BundleError(f"{where}: the draft is a head ({draft.kind}) but the bundle does not "
                           f"describe it whole (head fields missing: {missing}; aux layers: "
                           f"target {target.aux_layer_ids}, head {draft.aux_layer_ids}; "
                           f"{contract.AUX_HIDDEN} among the target's outputs: "

@@ -26,7 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ssd-export",
         description="Export a target/draft pair of Hugging Face causal LMs to an SSD bundle.")
     p.add_argument("--target", help="target model: local Hugging Face folder or hub id")
-    p.add_argument("--draft", help="draft model sharing the target's tokenizer")
+    p.add_argument("--draft", help="draft model sharing the target's tokenizer, an EAGLE-3 "
+                                   "head's folder, or 'mtp': the target's own MTP layer "
+                                   "(DeepSeek V3, GLM-4 MoE)")
     p.add_argument("--output", type=Path, help="bundle folder to write")
     p.add_argument("--max-context", type=int, default=None,
                    help="longest sequence the bundle serves (default: 2048, or the models' limit)")

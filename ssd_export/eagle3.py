@@ -41,6 +41,18 @@ class LoadedHead:
                 "norm_before_residual": c.norm_before_residual,
                 "embedding": "head" if self.head.own_embedding else "target"}
 
+    def describe(self) -> str:
+        c = self.config
+        return (f"    draft: an EAGLE-3 head ({self.layout} layout) reading the target's layers "
+                f"{list(c.aux_layer_ids)}, {c.draft_vocab_size} draft tokens")
+
+    def trace(self, path: Path, max_context: int, config, target: TracedModel,
+              log) -> tuple[TracedModel, dict[str, float]]:
+        return trace_head(self, path, max_context, config, target, log)
+
+    def entry(self, root: Path, traced: TracedModel, parity: dict[str, float]) -> ModelEntry:
+        return head_entry(root, self, traced, parity)
+
 
 def read_head(source: str, target: Any) -> LoadedHead:
     """Read the head at `source` and check it against the target (a Hugging Face model): one
@@ -75,17 +87,16 @@ def read_head(source: str, target: Any) -> LoadedHead:
     return LoadedHead(source, config, head.eval(), layout, str(archs[0]))
 
 
-def check_head_request(config) -> None:      # config: ExportConfig (config.py)
-    """Refuse, before any work, what an EAGLE-3 head draft does not have yet."""
+def check_head_request(config, what: str = "an EAGLE-3 head") -> None:   # config: ExportConfig
+    """Refuse, before any work, what a head draft (EAGLE-3, or an MTP layer) does not have yet."""
     if config.draft_quant in BITS:
-        raise ConfigError(f"--draft-quant {config.draft_quant} with an EAGLE-3 head: the head "
-                          f"(one layer and a reduced vocabulary) is exported in float only. "
-                          f"---> HINT: drop --draft-quant.")
+        raise ConfigError(f"--draft-quant {config.draft_quant} with {what}: the head "
+                          f"(one layer) is exported in float only. ---> HINT: drop --draft-quant.")
     if config.engines == "trt":
-        raise ConfigError("--engines trt with an EAGLE-3 head: its TensorRT engine is not built "
-                          "yet. ---> HINT: export with --engines none --graph standard (the "
-                          "graphs are standard ONNX and pass the TensorRT lint) and run them "
-                          "on --backend cuda.")
+        raise ConfigError(f"--engines trt with {what}: its TensorRT engine is not built "
+                          f"yet. ---> HINT: export with --engines none --graph standard (the "
+                          f"graphs are standard ONNX and pass the TensorRT lint) and run them "
+                          f"on --backend cuda.")
 
 
 def trace_head(head: LoadedHead, path: Path, max_context: int, config,
@@ -137,7 +148,7 @@ def head_parity(head: Eagle3Head, path: Path, graph: str, max_draft: int,
     real = (width, 2)
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, c.vocab_size, size=(2, pasts[0] + width), dtype=np.int64)
-    features = rng.standard_normal((2, pasts[0] + width, 3 * c.target_hidden_size),
+    features = rng.standard_normal((2, pasts[0] + width, c.feature_width),
                                    dtype=np.float32)
     opts = ort.SessionOptions()
     opts.log_severity_level = 4
@@ -150,14 +161,14 @@ def head_parity(head: Eagle3Head, path: Path, graph: str, max_draft: int,
             diff = float(np.abs(a - b).max())
             limit = _TOLERANCE[0] + _TOLERANCE[1] * float(np.abs(b).max())
             if not np.isfinite(diff) or diff > limit:
-                raise ParityError(f"EAGLE-3 head graph {path} differs from the PyTorch head in "
+                raise ParityError(f"the head graph {path} differs from the PyTorch head in "
                                   f"{what}: max |diff| of {name} {diff:.3g} (limit "
                                   f"{limit:.3g}). ---> HINT: please report it with the head's "
                                   f"config.json.")
             worst[name] = max(worst[name], diff)
 
     batch = [np.zeros((2, width), np.int64), np.zeros((2, width), np.int64),
-             np.zeros((2, width, 3 * c.target_hidden_size), np.float32),
+             np.zeros((2, width, c.feature_width), np.float32),
              np.zeros((2, width, c.hidden_size), np.float32)]
     refs = []
     with torch.no_grad():

@@ -76,9 +76,9 @@ def export_engines(root: Path, manifest: Manifest, mode: Engines, precision: str
         return []
     with log.stage("TensorRT lint of the graphs"):
         blocking = lint_bundle(root, manifest, log.print)
-    if manifest.draft.kind == contract.EAGLE3:     # its inputs are not the profiles' (§14)
-        log.print("    engines: none: an EAGLE-3 head's engine is not built yet; the standard "
-                  "graphs run on --backend cuda")
+    if manifest.draft.kind in contract.HEADS:     # its inputs are not the profiles' (§14)
+        log.print("    engines: none: a head's engine (EAGLE-3, MTP) is not built yet; the "
+                  "standard graphs run on --backend cuda")
         return []
     version, gpu, problem = probe_tensorrt() if mode != "none" else (None, None, "")
     action, message = decide_engines(mode, problem, blocking, output)

@@ -21,7 +21,8 @@ from ssd_runtime.manifest import MAX_BATCH, Manifest, ModelEntry, TokenizerEntry
 
 from . import rows
 from .bundle import check_output, finish_manifest, staging
-from .eagle3 import check_head_request, head_entry, is_head, read_head, trace_head
+from .eagle3 import check_head_request, is_head, read_head
+from .mtp import MTP_DRAFT, check_mtp_request, read_mtp
 from .config import DEFAULT_MAX_CONTEXT, ExportConfig
 from .engines import export_engines, require_tensorrt
 from .loading import LoadedModel, check_architecture, load_model
@@ -49,12 +50,16 @@ def export_bundle(config: ExportConfig) -> Manifest:
                           f"{config.max_draft + 2} for a prompt token and a verification of "
                           f"max_draft + 1 tokens). ---> HINT: raise --max-context or lower "
                           f"--max-draft.")
+    mtp_draft = config.draft == MTP_DRAFT    # the target's own MTP layer (§14)
+    if mtp_draft:       # a class with MTP layers the toolkit does not read: refused by name
+        check_head_request(config, "--draft mtp")
+        check_mtp_request(config.target)
     check_architecture(config.target, "target")
-    head_draft = is_head(config.draft)       # an EAGLE-3 head in a published layout (§14)
-    if head_draft:
-        check_head_request(config)
-    else:
+    head_draft = mtp_draft or is_head(config.draft)   # or an EAGLE-3 head, published (§14)
+    if not head_draft:
         check_architecture(config.draft, "draft")
+    elif not mtp_draft:
+        check_head_request(config)
     if config.engines == "trt":          # fail before any work, and write nothing
         if config.graph == contract.ORT:
             raise ConfigError("--graph ort cannot go with --engines trt: TensorRT takes only "
@@ -90,10 +95,9 @@ def export_bundle(config: ExportConfig) -> Manifest:
         draft = None if head_draft else load_model(config.draft, "draft", config.dtype)
     with log.stage("check the pair"):
         if draft is None:       # read, and checked against the target, before any writing
-            head = read_head(config.draft, target.model)
-            log.print(f"    draft: an EAGLE-3 head ({head.layout} layout) reading the target's "
-                      f"layers {list(head.config.aux_layer_ids)}, "
-                      f"{head.config.draft_vocab_size} draft tokens")
+            head = read_mtp(config.target, target.model) if mtp_draft \
+                else read_head(config.draft, target.model)
+            log.print(head.describe())
         else:
             head = None
             check_vocabularies(target.tokenizer, draft.tokenizer)
@@ -119,8 +123,8 @@ def export_bundle(config: ExportConfig) -> Manifest:
         traced["target"], parity["target"] = _trace_checked(
             target, root / "target" / "model.onnx", max_context, config, graph, log, aux)
         if head is not None:
-            traced["draft"], parity["draft"] = trace_head(
-                head, root / "draft" / "model.onnx", max_context, config, traced["target"], log)
+            traced["draft"], parity["draft"] = head.trace(
+                root / "draft" / "model.onnx", max_context, config, traced["target"], log)
         else:
             traced["draft"], parity["draft"] = _trace_checked(
                 draft, root / "draft" / "model.onnx", max_context, config, graph, log)
@@ -170,7 +174,7 @@ def export_bundle(config: ExportConfig) -> Manifest:
                            quant_scheme=scheme.as_dict() if scheme else {},
                            quant_quality=quality.as_dict() if quality else {},
                            rows=rows_file, rows_parity=rows_parity, rows_note=rows_note),
-            draft=head_entry(root, head, traced["draft"], parity["draft"])
+            draft=head.entry(root, traced["draft"], parity["draft"])
             if head is not None else
             replace(_entry(root, draft, traced["draft"], parity["draft"]), quant=quant,
                           quant_agreement=agreement,

@@ -97,13 +97,18 @@ class Worth:
         if self.pays is not False:
             return None
         k = self.best_k
-        quant = ("--draft-quant int8 (a cheaper draft step)" if draft_quant == "none" else
-                 f"--draft-quant none (this draft is {draft_quant}; a float one agrees more)")
+        if draft_quant == "none":
+            draft = "another draft, or --draft-quant int8 (a cheaper draft step)"
+        elif self.agreement < 0.9:
+            draft = (f"another draft, or --draft-quant none (this draft is {draft_quant}; a "
+                     f"float one agrees more)")
+        else:           # it agrees: its step is what costs (the target's own int8 copy beside
+            #             an int8 target is the target)
+            draft = "a draft with a cheaper step (this one agrees; its step is what costs)"
         return (f"    warning: speculation is not expected to pay for this pair: the draft "
                 f"agrees with the target on {self.agreement:.1%} of next tokens at c = "
                 f"{self.cost.c:.3f}, so the best k is {k} ({self.speedups[k]:.2f}x the target "
-                f"alone); try another draft, {quant}, or serving with lookup drafts only "
-                f"({LOOKUP})")
+                f"alone); try {draft}, or serving with lookup drafts only ({LOOKUP})")
 
 
 def measure_worth(root: Path, manifest: Manifest, tokenizer, heldout: tuple[list[str], str],

@@ -352,3 +352,36 @@ def build_eagle3_head(folder: Path, layout: str, *, target_hidden: int, vocab: i
     (folder / "config.json").write_text(json.dumps({**body, **config}))
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"))
     return folder
+
+
+def add_mtp_layer(folder: Path, seed: int = 0, head: bool = True, drop: str = "") -> Path:
+    """Write an MTP layer into a saved DeepSeek V3 / GLM-4 MoE checkpoint as published (vLLM's
+    deepseek_mtp.py reads it): `model.layers.{L}.` + enorm, hnorm, eh_proj (H, 2H),
+    shared_head.norm, shared_head.head (unless not `head`) and a decoder block shaped as layer
+    L-1 (drawn anew); transformers drops these tensors at load, so they are added to the file.
+    `drop` leaves one tensor (its name after the prefix) out."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    g = torch.Generator().manual_seed(seed)
+    d = json.loads((folder / "config.json").read_text())
+    L, H, V = d["num_hidden_layers"], d["hidden_size"], d["vocab_size"]
+    tensors = load_file(str(folder / "model.safetensors"))
+    last, mtp = f"model.layers.{L - 1}.", f"model.layers.{L}."
+    for name, t in list(tensors.items()):
+        if name.startswith(last):       # norms about 1, the rest at the fixture's init scale
+            ones = name.endswith("norm.weight")
+            drawn = torch.randn(t.shape, generator=g) * (0.3 if ones else 0.25)
+            tensors[mtp + name[len(last):]] = drawn + 1.0 if ones else drawn
+    extra = {"enorm.weight": (H,), "hnorm.weight": (H,), "shared_head.norm.weight": (H,),
+             "eh_proj.weight": (H, 2 * H), **({"shared_head.head.weight": (V, H)} if head else {})}
+    for name, shape in extra.items():
+        drawn = torch.randn(shape, generator=g)
+        tensors[mtp + name] = drawn * 0.3 + 1.0 if len(shape) == 1 else drawn * 0.25
+    tensors.pop(mtp + drop, None)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"),
+              metadata={"format": "pt"})
+    d["num_nextn_predict_layers"] = 1
+    (folder / "config.json").write_text(json.dumps(d, indent=2))
+    return folder

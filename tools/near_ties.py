@@ -49,12 +49,17 @@ def main() -> None:
     settings = [("greedy", {})] + [(f"seed {s}", dict(temperature=1.0, seed=s))
                                    for s in range(args.seeds)]
     runs, parted, tokens, agreed, gaps = 0, 0, 0, 0, []
+    drafted = {str(k): [0, 0] for k in ks}     # per k: tokens drafted and accepted (a run that
+    #                                            drafts nothing checks nothing of the rows)
     for text in load_prompts(args.prompts):
         prompt = gen.encode(text)
         for label, setting in settings:
             expected = gen.generate(prompt, max_new_tokens=args.tokens, k=0, **setting).token_ids
             for k in ks:
-                found = gen.generate(prompt, max_new_tokens=args.tokens, k=k, **setting).token_ids
+                result = gen.generate(prompt, max_new_tokens=args.tokens, k=k, **setting)
+                found = result.token_ids
+                drafted[str(k)][0] += result.stats.drafted
+                drafted[str(k)][1] += result.stats.accepted
                 runs += 1
                 tokens += len(expected)
                 if found == expected:
@@ -72,12 +77,13 @@ def main() -> None:
     scheme = gen.manifest.target.quant_scheme
     summary = {"bundle": str(args.bundle), "target_quant": gen.manifest.target.quant,
                "scheme": scheme, "runs": runs, "parted": parted, "tokens": tokens,
-               "tokens_before_parting": agreed,
+               "tokens_before_parting": agreed, "drafted_accepted": drafted,
                "greedy_max_gap": max((g["gap"] for g in gaps if g["gap"] is not None),
                                      default=None), "where": gaps}
     print(f"{args.bundle}: {runs - parted} of {runs} runs equal k=0's output; {agreed} of "
           f"{tokens} tokens before any parting; largest logit gap where greedy runs part: "
-          f"{summary['greedy_max_gap']}")
+          f"{summary['greedy_max_gap']}; drafted/accepted by k: "
+          + ", ".join(f"{k}: {d}/{a}" for k, (d, a) in drafted.items()))
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
 

@@ -21,7 +21,10 @@ _PLACES = 4                       # a token's place in its round: 1st, 2nd, 3rd-
 # (a plan made from a low first estimate never drafts again): every PROBE_EVERY rounds without
 # drafting, a round drafts PROBE tokens, and each probe in a row with nothing accepted doubles
 # the wait (up to 2^PROBE_BACKOFF times). On a draft that is never right a probe costs c₁ + c +
-# v(2) - v(0), ~0.6 target steps on this CPU: 3 probes in 128 tokens, ~1.4%.
+# v(2) - v(0), ~0.6 target steps on this CPU: 3 probes in 128 tokens, ~1.4%. An α that no
+# round has measured yet (the export's estimate, or the prior) is probed at once: the export
+# measured it on its own text, which may not be the requests' (a held-out pair measured at
+# agreement 0.0 there decoded its first request at k = 0 for 16 rounds, then drafted at 3x).
 PROBE, PROBE_EVERY, PROBE_BACKOFF = 2, 16, 6
 
 
@@ -64,6 +67,7 @@ class Acceptance:
         default_factory=lambda: [[0.0] * _PLACES for _ in range(_BINS)])
     scale: float = 1.0            # what one token counts this round (counts / scale: weights)
     misses: int = 0               # probes in a row that had nothing accepted (AdaptiveK)
+    measured: bool = False        # whether a round has judged drafts (else α is an estimate)
 
     @classmethod
     def starting_at(cls, alpha: float) -> Acceptance:
@@ -79,7 +83,8 @@ class Acceptance:
     def carried(self) -> Acceptance:
         """α alone, for a sequence that starts from what earlier ones of its kind saw (a
         batch's sequences learn on their own copies)."""
-        return Acceptance(accepted=self.accepted, rejected=self.rejected)
+        return Acceptance(accepted=self.accepted, rejected=self.rejected,
+                          measured=self.measured)
 
     def chance(self, top: float, position: int | None = None) -> float:
         """P(a draft token is accepted | its top probability [, its place in the round])."""
@@ -107,6 +112,7 @@ class Acceptance:
         its round of the first of these tokens (a model draft after lookup tokens)."""
         if drafted == 0:      # nothing to learn (AdaptiveK probes where it stopped drafting)
             return
+        self.measured = True
         self.accepted = self.decay * self.accepted + accepted
         self.rejected = self.decay * self.rejected + (1 if accepted < drafted else 0)
         judged = classes[:accepted + 1]               # the accepted ones, then the rejected one

@@ -200,7 +200,9 @@ class AdaptiveK:
             self._idle = 0
         else:       # α is not measured while nothing is drafted: probe now and then (below)
             self._idle += 1
-            if self._idle >= PROBE_EVERY << min(self.learnt.misses, PROBE_BACKOFF):
+            wait = PROBE_EVERY << min(self.learnt.misses, PROBE_BACKOFF) \
+                if self.learnt.measured else 1          # an estimate: measured at once
+            if self._idle >= wait:
                 k, self._probe, self._idle = min(PROBE, self.max_k), True, 0
         self._k, self._survive, self._tops, self._taken, self._scale = k, 1.0, [], 0, 1.0
         return self.max_k if k or self.lookup is not None else 0
@@ -228,8 +230,10 @@ class AdaptiveK:
     def take_lookup(self, matched: int, found: int, k: int) -> int:
         """How many of `found` lookup tokens (matched on an n-gram of `matched` tokens) this
         round drafts: the count n maximising (1 + S₁ + … + Sₙ) / verify(n), Sᵢ the product of
-        the first i tokens' learnt chances, if that rate beats the plan's; else 0."""
-        if self.lookup is None:
+        the first i tokens' learnt chances, if that rate beats the plan's; else 0. A probe
+        round takes none: it is there to measure the model's tokens, which lookup's would
+        displace (a text that repeats offers a continuation almost every round)."""
+        if self.lookup is None or self._probe:
             return 0
         verify, pace = self.cost.verify, self.times.pace
         survive, gain, best, best_rate, survives = 1.0, 1.0, 0, self._plan_rate, []

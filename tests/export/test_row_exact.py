@@ -130,7 +130,7 @@ def test_a_static_bundle_without_attend_rows_still_runs(bundle_factory, tmp_path
         np.zeros(m.max_context, np.int64), contract.ATTEND_ROWS))
     onnx.save(model, str(graph_file))
     data = json.loads((old / "manifest.json").read_text())
-    assert data["schema_version"] == SCHEMA_VERSION == 10
+    assert data["schema_version"] == SCHEMA_VERSION >= 10
     data["schema_version"] = 9
     data["models"]["target"]["inputs"].remove(contract.ATTEND_ROWS)
     data["files"][m.target.path] = sha256_file(graph_file)

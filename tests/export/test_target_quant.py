@@ -36,6 +36,23 @@ def ops(path) -> set[str]:
     return {n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node}
 
 
+def fused_levels(bundle, role: str, tmp_path) -> set[int]:
+    """The accuracy levels of the MatMulNBits nodes in the graph ONNX Runtime runs for `role`,
+    with the runtime's own session options (DequantizeLinear fused at the manifest's level)."""
+    import onnxruntime as ort
+    from ssd_runtime.backends.ort import session_options
+
+    entry = getattr(read_manifest(bundle), role)
+    opts = session_options(1, entry)
+    opts.optimized_model_filepath = str(tmp_path / f"{role}.onnx")
+    opts.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                  f"{role}.data")
+    ort.InferenceSession(str(bundle / entry.path), opts, providers=["CPUExecutionProvider"])
+    nodes = onnx.load(str(tmp_path / f"{role}.onnx"), load_external_data=False).graph.node
+    return {next((a.i for a in n.attribute if a.name == "accuracy_level"), 0)
+            for n in nodes if n.op_type == "MatMulNBits"}
+
+
 def assert_same_or_near_tie(bundle, prompt: list[int], expected: list[int], found: list[int],
                             what: str) -> None:
     """`found` equals `expected`, or first differs where the target's two tokens are within
@@ -56,7 +73,7 @@ def assert_same_or_near_tie(bundle, prompt: list[int], expected: list[int], foun
                          [pytest.param(*r, marks=pytest.mark.slow) if r[0] == "standard" else r
                           for r in RUNS], ids=["-".join(r) for r in RUNS])
 def test_a_quantized_target_is_recorded_checked_and_lossless(bundle_factory, graph, quant,
-                                                            draft_quant, compute):
+                                                            draft_quant, compute, tmp_path):
     bundle = bundle_factory("llama", "llama_cut", graph=graph, quant=quant,
                             draft_quant=draft_quant, quant_compute=compute)
     m = read_manifest(bundle)
@@ -76,6 +93,9 @@ def test_a_quantized_target_is_recorded_checked_and_lossless(bundle_factory, gra
     # with the float one
     assert m.draft.quant == draft_quant or (draft_quant == "auto" and m.draft.quant in
                                             (quant, "int8", "none"))
+    if m.draft.quant != "none":     # int8 activations, the fast kernel, in every flavour
+        assert m.draft.quant_scheme["accuracy_level"] == 4
+        assert fused_levels(bundle, "draft", tmp_path) == {4}
     target_ops = ops(bundle / m.target.path)
     assert form in target_ops and (form != MATMULNBITS or "MatMul" not in target_ops)
     assert bool(m.cpu_only) == (graph == "ort"), m.cpu_only

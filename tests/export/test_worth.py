@@ -119,3 +119,19 @@ def test_a_bundle_without_the_field_still_loads(bundle_factory, tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(BundleError, match=r"malformed field \(pair_worth: \[0\.5\]\)"):
         read_manifest(bundle)
+
+
+def test_the_warning_names_what_costs_a_draft_that_agrees():
+    """A quantized draft that agrees on nearly every token and still does not pay (the
+    target's own int8 copy beside an int8 target is the target): its step is the cost, so the
+    line does not suggest a float draft, which would agree no more and cost more."""
+    from ssd_export.worth import Worth
+    from ssd_runtime.scheduler.cost import CostModel
+
+    dear = CostModel(target_step=1.0, draft_step=1.05, verify=tuple(1.0 + 0.1 * k for k in range(5)))
+    lines = {agreement: Worth(text="t", max_draft=4, agreement=agreement, tokens=256,
+                              cost=dear).warning("int8") for agreement in (1.0, 0.5)}
+    assert "cheaper step" in lines[1.0] and "--draft-quant none" not in lines[1.0]
+    assert "--draft-quant none" in lines[0.5]
+    cheap = Worth(text="t", max_draft=4, agreement=0.05, tokens=256, cost=dear).warning("none")
+    assert "another draft" in cheap and "--draft-quant int8" in cheap

@@ -173,16 +173,17 @@ def test_auto_takes_lookup_tokens_that_pay_and_leaves_those_that_do_not():
     taken when their learnt acceptance makes the round faster than the plan's."""
     cost = CostModel(target_step=0.01, draft_step=0.004, verify=tuple(0.01 + 0.001 * k
                                                                        for k in range(9)))
-    good = AdaptiveK(cost, 8, Acceptance(accepted=1.0, rejected=9.0),   # the model: α = 0.1
+    learnt = dict(measured=True)      # α learnt from rounds (an estimate would be probed first)
+    good = AdaptiveK(cost, 8, Acceptance(accepted=1.0, rejected=9.0, **learnt),   # α = 0.1
                      lookup=Acceptance(accepted=9.0, rejected=1.0))     # lookup: α = 0.9
     assert good.next_k() == 8 and good.model_cap == 0          # no model tokens pay at α 0.1
     assert good.take_lookup(3, 6, 8) == 6                      # every lookup token does
     good.observe(6, 6, 0.016)
-    bad = AdaptiveK(cost, 8, Acceptance(accepted=9.0, rejected=1.0),
+    bad = AdaptiveK(cost, 8, Acceptance(accepted=9.0, rejected=1.0, **learnt),
                     lookup=Acceptance(accepted=0.2, rejected=9.8))      # lookup: α = 0.02
     bad.next_k()
     assert bad.take_lookup(3, 6, 8) == 0                       # the model's plan is better
-    off = AdaptiveK(cost, 8, Acceptance(accepted=1.0, rejected=9.0))    # no lookup learner
+    off = AdaptiveK(cost, 8, Acceptance(accepted=1.0, rejected=9.0, **learnt))   # no lookup
     assert off.next_k() == 0 and off.take_lookup(3, 6, 8) == 0
 
 

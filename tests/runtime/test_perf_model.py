@@ -210,7 +210,8 @@ def test_median_of_calibrations_takes_each_time_apart_and_keeps_verify_monotone(
 
 def test_a_plan_that_drafts_nothing_probes_with_growing_waits():
     """α is not measured while nothing is drafted: a probe of PROBE tokens every PROBE_EVERY
-    rounds, the wait doubling after each probe with nothing accepted, reset by a hit."""
+    rounds, the wait doubling after each probe with nothing accepted, reset by a hit. The
+    first comes at once: α was only the export's estimate until a round measured it."""
     from ssd_runtime.scheduler.learning import PROBE, PROBE_EVERY
 
     sched = AdaptiveK(cpu_like(), 8, Acceptance.starting_at(0.02))
@@ -224,7 +225,7 @@ def test_a_plan_that_drafts_nothing_probes_with_growing_waits():
             assert sched.keep_drafting(1, np.zeros((1, 4)), (0, 0.01))   # past the rule
             assert not sched.keep_drafting(2, np.zeros((1, 4)), (0, 0.01))
         sched.observe(2 if k else 0, 0)
-    assert probes == [PROBE_EVERY, 3 * PROBE_EVERY, 7 * PROBE_EVERY]    # waits 16, 32, 64
+    assert probes == [1, 1 + 2 * PROBE_EVERY, 1 + 6 * PROBE_EVERY]    # waits 1, 32, 64
     assert sched.learnt.misses == 3
     while not sched.next_k():          # the next probe: its first token is accepted
         sched.observe(0, 0)
@@ -394,3 +395,22 @@ def test_what_the_rounds_gave_overrules_a_plan_that_drafts_at_a_loss():
     assert guard.decide(4) == 0 and guard.hold == 2 * Realized.HOLD - 1
     guard.observe(True, 0, 1.0)                             # no tokens: nothing learnt
     assert len(guard.drafted) == Realized.MIN_DRAFTED
+
+
+def test_an_estimate_is_probed_at_once_and_lookup_does_not_take_the_probe():
+    """The export's agreement is an estimate measured on its own text: a schedule that starts
+    from one probes the model in its first round, and that round takes no lookup tokens
+    (a text that repeats offers a continuation almost every round, which would displace the
+    probe for good); once measured, probes wait their turn again."""
+    from ssd_runtime.scheduler.learning import PROBE
+
+    sched = AdaptiveK(cpu_like(), 8, Acceptance.starting_at(0.0),
+                      lookup=Acceptance.starting_at(0.9))
+    assert sched.next_k() == 8 and sched.model_cap == PROBE
+    assert sched.take_lookup(3, 6, 8) == 0
+    for n in (1, 2):
+        sched.keep_drafting(n, np.zeros((1, 4)), (0, 0.9))
+    sched.observe(PROBE, PROBE)                     # both accepted: α measured, and higher
+    assert sched.learnt.measured and sched.alpha > 0.3
+    sched.next_k()
+    assert sched.take_lookup(3, 6, 8) > 0           # an ordinary round: lookup as before
