@@ -23,6 +23,8 @@ from .positions import Rope
 
 _NEG = -1e30  # additive mask; finite so that softmax never sees -inf - -inf
 
+CacheIndex = tuple[torch.Tensor, torch.Tensor, torch.Tensor]   # cache_index: batch, head, row
+
 
 @dataclass(frozen=True)
 class Heads:
@@ -70,13 +72,22 @@ def cache_positions(position_ids: torch.Tensor, rows) -> tuple[torch.Tensor, tor
     return key_pos, torch.ones_like(key_pos, dtype=torch.bool)
 
 
-def scatter_rows(cache: torch.Tensor, new: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """cache (B, Hkv, R, D) with new (B, T, Hkv, D) written at rows positions (B, T) of each
-    head: one ScatterND, whose output the runtime binds over the cache itself (in place)."""
-    B, _, Hkv, _ = new.shape
-    b = torch.arange(B, device=new.device)[:, None, None]
-    h = torch.arange(Hkv, device=new.device)[None, :, None]
-    return cache.index_put((b, h, positions[:, None, :]), new.transpose(1, 2))
+def cache_index(position_ids: torch.Tensor, num_kv_heads: int) -> CacheIndex:
+    """Where the static flavour writes a call's new keys and values: the cache (B, Hkv, R, D)
+    index (batch, head, row = position) of each new row, three tensors (B, T, Hkv) int64, laid
+    out as the new rows are (B, T, Hkv, D), so that one ScatterND writes them as they come,
+    with no transpose. Built once per call and shared by every layer (docs/design.md §12)."""
+    B, T = position_ids.shape
+    shape = (B, T, num_kv_heads)
+    b = torch.arange(B, device=position_ids.device)[:, None, None].expand(shape)
+    h = torch.arange(num_kv_heads, device=position_ids.device)[None, None, :].expand(shape)
+    return b, h, position_ids[:, :, None].expand(shape)
+
+
+def scatter_rows(cache: torch.Tensor, new: torch.Tensor, index: CacheIndex) -> torch.Tensor:
+    """cache (B, Hkv, R, D) with new (B, T, Hkv, D) written at `index` (cache_index): one
+    ScatterND, whose output the runtime binds over the cache itself (in place)."""
+    return cache.index_put(index, new)
 
 
 def causal_mask(query_pos: torch.Tensor, key_pos: torch.Tensor, key_valid: torch.Tensor,
@@ -102,21 +113,22 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
               rope: Rope | None, cos_sin: tuple[torch.Tensor, ...] | None,
               past_k: torch.Tensor, past_v: torch.Tensor, bias: torch.Tensor | None,
               ort: OrtAttention | None = None, q_scale: torch.Tensor | None = None,
-              scatter_at: torch.Tensor | None = None, live_rows=None,
+              scatter_at: CacheIndex | None = None, live_rows=None,
               packed: nn.Module | None = None
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """h (B, T, E) -> (output (B, T, E), new keys, new values (B, T, Hkv, D)).
 
     `bias` is the mask (plus ALiBi) broadcastable to the scores (B, Hkv, G, T, S); `q_scale`
     (B, T, 1, 1) a per-position factor on the rotated queries. `scatter_at` (the static
-    flavour: positions (B, T)): the past is the whole head-major cache (B, Hkv, R, D), the new
-    rows are written into it there, attention reads all R rows, and the updated caches are
-    returned in place of the new rows. `live_rows` (the static flavour and the ort target's
+    flavour: cache_index of the call): the past is the whole head-major cache (B, Hkv, R, D),
+    the new rows are written into it there, attention reads all R rows, and the updated caches
+    are returned in place of the new rows. `live_rows` (the static flavour and the ort target's
     rows graph): attention reads only the cache's first live_rows rows (every row's last
     position + 1 or more), so its cost follows the live context, not R; the rows beyond a
     query are masked, add exact zeros, and change no bit of its output. `packed`: q, k and v
-    come from the ort flavour's packed projection [q | k | v] (the same weights, shared on
-    disk, §2).
+    come from one projection [q | k | v] (the ort flavour's, shared on disk, §2; the static
+    flavour's own where nothing sits between projection and RoPE), and where `cos_sin` then
+    covers all H + 2·Hkv heads (decoder.qkv_tables) one rotation serves q, k and v together.
 
         h ─ proj ─┬─ q ─ q_norm ─ rope ─ [q_scale] ─┐
                   ├─ k ─ k_norm ─ rope ─ cat(past) ─ softmax(q·kᵀ·s [capped] + bias) · v ─ o
@@ -126,7 +138,7 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
     GPT-OSS's sinks join the softmax as one more score per head.)
     """
     B, T, _ = h.shape
-    Hkv, G, D = heads.num_kv_heads, heads.groups, heads.head_dim
+    H, Hkv, G, D = heads.num_heads, heads.num_kv_heads, heads.groups, heads.head_dim
     if ort is not None and ort.packed is not None:
         # one projection into [q | k | v], which the kernel reads packed (and rotates itself)
         return _ort_attention(attn, a, heads, scaling, h, ort.packed(h), None, None, past_k,
@@ -134,9 +146,12 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
     if a.latent is not None:                                        # DeepSeek's MLA
         q, k, v = latent_qkv(attn, a.latent, rope, cos_sin, h)
         rope = None                                                 # (rotated already)
-    elif packed is not None:                                        # [q | k | v] as ort's
-        q, k, v = packed(h).split((heads.num_heads * D, Hkv * D, Hkv * D), dim=-1)
-        q, k, v = q.reshape(B, T, -1, D), k.reshape(B, T, Hkv, D), v.reshape(B, T, Hkv, D)
+    elif packed is not None:                                        # [q | k | v] as one
+        qkv = packed(h).view(B, T, H + 2 * Hkv, D)
+        if rope is not None and cos_sin is not None and cos_sin[0].shape[2] == H + 2 * Hkv:
+            qkv = rope.apply(qkv, *cos_sin)                         # every head at once
+            rope = None                                             # (v: cos 1, sin 0)
+        q, k, v = qkv.split((H, Hkv, Hkv), dim=2)                   # (B, T, H|Hkv, D)
     else:
         q, k, v = _project(attn, a, heads, h)                       # (B, T, H|Hkv, D)
     if a.q_norm is not None and not a.qk_norm_after_rope:
@@ -152,32 +167,62 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
         q = q * q_scale
     if ort is not None:                                             # the `ort` flavour
         return _ort_attention(attn, a, heads, scaling, h, q, k, v, past_k, past_v, ort)
+    sinks = None if a.attn_sinks is None else getattr(attn, a.attn_sinks).float()
     if scatter_at is not None:                                      # the static flavour
-        keys = scatter_rows(past_k, k, scatter_at)                  # (B, Hkv, S, D)
+        keys = scatter_rows(past_k, k, scatter_at)                  # (B, Hkv, R, D)
         values = scatter_rows(past_v, v, scatter_at)
-        live_k, live_v = (keys, values) if live_rows is None else \
-            (keys[:, :, :live_rows], values[:, :, :live_rows])      # (B, Hkv, L, D)
-        kt = live_k.transpose(2, 3)[:, :, None]                     # (B, Hkv, 1, D, S)
-        vs = live_v[:, :, None]                                     # (B, Hkv, 1, S, D)
-    else:
-        keys = torch.cat((past_k, k), dim=1)                        # (B, S, Hkv, D)
-        values = torch.cat((past_v, v), dim=1)
-        kt = keys.permute(0, 2, 3, 1)[:, :, None]                   # (B, Hkv, 1, D, S)
-        vs = values.permute(0, 2, 1, 3)[:, :, None]                 # (B, Hkv, 1, S, D)
-    qg = q.view(B, T, Hkv, G, D).permute(0, 2, 3, 1, 4)             # (B, Hkv, G, T, D)
+        out = _attend_cache(a, heads, scaling, q, keys, values, live_rows, bias, sinks)
+        return _output(attn, a, out.to(h.dtype)), keys, values
+    keys = torch.cat((past_k, k), dim=1)                            # (B, S, Hkv, D)
+    values = torch.cat((past_v, v), dim=1)
+    kt = keys.permute(0, 2, 3, 1)[:, :, None]                       # (B, Hkv, 1, D, S)
+    vs = values.permute(0, 2, 1, 3)[:, :, None]                     # (B, Hkv, 1, S, D)
+    qg = q.reshape(B, T, Hkv, G, D).permute(0, 2, 3, 1, 4)          # (B, Hkv, G, T, D)
     if a.scores_fp32:                                               # before the product
         qg, kt = qg.float(), kt.float()
     scores = row_exact_matmul(qg, kt).float() * scaling             # (B, Hkv, G, T, S)
     if a.attn_softcap is not None:
         scores = torch.tanh(scores / a.attn_softcap) * a.attn_softcap
-    sinks = None if a.attn_sinks is None else \
-        getattr(attn, a.attn_sinks).float().view(1, Hkv, G, 1, 1)
+    sinks = None if sinks is None else sinks.view(1, Hkv, G, 1, 1)
     probs = softmax_with_sinks(scores + bias, sinks).to(h.dtype)
     out = row_exact_matmul(probs, vs)                               # (B, Hkv, G, T, D)
     out = out.permute(0, 3, 1, 2, 4).reshape(B, T, Hkv * G * D)
-    if scatter_at is not None:
-        return _output(attn, a, out), keys, values
     return _output(attn, a, out), k, v
+
+
+def _attend_cache(a: Adapter, heads: Heads, scaling: float, q: torch.Tensor,
+                  keys: torch.Tensor, values: torch.Tensor, live_rows, bias: torch.Tensor,
+                  sinks: torch.Tensor | None) -> torch.Tensor:
+    """The static flavour's attention of q (B, T, H, D) over the caches' first L rows (all R
+    without live_rows) -> (B, T, H·D). Each (query token, KV head) is a batch entry of the
+    products, its G query heads their rows: a product runs on G rows whatever T is, so its
+    kernel never takes the one-row path that rounds differently (G >= 2; at G = 1 a zero row
+    is added, row_exact_matmul) and a row's bits do not depend on the rows beside it; q and
+    the output keep the projections' layout, with no transpose (docs/design.md §12). bias
+    (B|1, Hkv|1, G|1, T, S) as for the standard flavour.
+
+        q (B,T,Hkv,G,D) ──────────────────────────────────┐
+        keys[:, :, :L] (B,Hkv,L,D) ─ (B,1,Hkv,L,D) ─ ᵀ ───┴─ @ ─ ·s + bias ─ softmax ─┐
+        values[:, :, :L] ─────────── (B,1,Hkv,L,D) ───────────────────────────────────┴─ @
+                                                             (B,T,Hkv,G,D) ─ (B,T,H·D)
+    """
+    B, T = q.shape[:2]
+    Hkv, G, D = heads.num_kv_heads, heads.groups, heads.head_dim
+    if live_rows is not None:
+        keys, values = keys[:, :, :live_rows], values[:, :, :live_rows]   # (B, Hkv, L, D)
+    qg = q.reshape(B, T, Hkv, G, D)
+    kt = keys[:, None].transpose(3, 4)                              # (B, 1, Hkv, D, L)
+    if a.scores_fp32:                                               # before the product
+        qg, kt = qg.float(), kt.float()
+    matmul = torch.matmul if G > 1 else row_exact_matmul
+    scores = matmul(qg, kt).float() * scaling                       # (B, T, Hkv, G, L)
+    if a.attn_softcap is not None:
+        scores = torch.tanh(scores / a.attn_softcap) * a.attn_softcap
+    sinks = None if sinks is None else sinks.view(1, 1, Hkv, G, 1)
+    bias = bias.permute(0, 3, 1, 2, 4)                              # (B, T|1, Hkv|1, G|1, S)
+    probs = softmax_with_sinks(scores + bias, sinks).to(q.dtype)
+    out = matmul(probs, values[:, None])                            # (B, T, Hkv, G, D)
+    return out.reshape(B, T, Hkv * G * D)
 
 
 def row_exact_matmul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

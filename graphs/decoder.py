@@ -31,8 +31,8 @@ from ssd_runtime.errors import ConfigError
 from torch import nn
 
 from .adapters import Adapter, get_path, sliding_windows
-from .attention import (Heads, OrtAttention, attention, cache_positions, causal_mask,
-                        key_positions)
+from .attention import (Heads, OrtAttention, attention, cache_index, cache_positions,
+                        causal_mask, key_positions)
 from .moe import check_moe, cost_note, kernel_refusal, kernel_weights, moe, moe_block
 from .positions import Rope, alibi_bias, alibi_slopes, log_position_scale
 
@@ -76,6 +76,8 @@ class Decoder(nn.Module):
         self._init_moe(source)
         if flavour in (contract.ORT, contract.ROWS):   # rows: ort's packed q, k, v too
             self._init_ort(max_context)
+        elif flavour == contract.STATIC:
+            self._init_static()
         if a.positions == "alibi":
             slopes = alibi_slopes(num_heads, a.alibi_dtype == "bfloat16")
             slopes = slopes.view(num_kv_heads, self.heads.groups)              # (Hkv, G)
@@ -126,8 +128,12 @@ class Decoder(nn.Module):
         if static:      # keys at their rows of the whole cache; beyond a query: not yet valid
             rows = past[0].shape[2] if live_rows is None else live_rows
             key_pos, key_valid = cache_positions(position_ids, rows)              # (B, R|L)
+            # what depends on the call alone, once for every layer (docs/design.md §12)
+            index = cache_index(position_ids, self.heads.num_kv_heads)            # 3 x (B,T,Hkv)
+            qkv_tables = {key: self._qkv_tables(*tables[key]) for key in self.qkv_rotated}
         else:           # each row's own past length is position_ids[b, 0]; rows past it stale
             key_pos, key_valid = key_positions(position_ids, past[0].shape[1])    # (B, S)
+            qkv_tables = {}
         masks = {w: causal_mask(position_ids, key_pos, key_valid, w)              # (B,1,1,T,S)
                  for w in set(self.windows)}
         alibi = None
@@ -143,11 +149,15 @@ class Decoder(nn.Module):
             bias = masks[self.windows[i]]
             if alibi is not None:                                   # Falcon scales it like q·k
                 bias = bias + (alibi * self.scalings[i] if a.alibi_scaled else alibi)
-            x, new_k, new_v = self._layer(i, x, self._rope(i), tables.get(self.rope_keys[i]),
+            packed = self._packed(i)
+            key = self.rope_keys[i]
+            cos_sin = qkv_tables[key] if packed is not None and key in qkv_tables \
+                else tables.get(key)
+            x, new_k, new_v = self._layer(i, x, self._rope(i), cos_sin,
                                           past[2 * i], past[2 * i + 1], self.scalings[i], bias,
                                           q_scale=q_scale,
-                                          scatter_at=position_ids if static else None,
-                                          live_rows=live_rows, packed=self._rows_packed(i))
+                                          scatter_at=index if static else None,
+                                          live_rows=live_rows, packed=packed)
             outputs += [new_k, new_v]
         return x, outputs, entering
 
@@ -161,12 +171,38 @@ class Decoder(nn.Module):
             entering[len(self.layers)] = x if self.final_norm is None else self.final_norm(x)
         return (torch.cat([entering[i] for i in self.aux_layers], dim=-1).float(),)
 
-    def _rows_packed(self, i: int) -> nn.Module | None:
-        """The rows graph's layer i projects q, k, v with the ort flavour's packed weights
-        where that flavour packs them (so the two graphs share them); else None."""
-        if self.flavour != contract.ROWS or isinstance(self.packed[i], nn.Identity):
+    def _packed(self, i: int) -> nn.Module | None:
+        """Layer i's one projection [q | k | v] where the graph has one: the rows graph's (the
+        ort flavour's packed weights, so the two graphs share them) and the static flavour's;
+        else None."""
+        if self.flavour not in (contract.ROWS, contract.STATIC) or \
+                isinstance(self.packed[i], nn.Identity):
             return None
         return self.packed[i]
+
+    def _init_static(self) -> None:
+        """The static flavour: q, k and v as one packed projection where nothing sits between
+        the projection and RoPE (as the ort flavour packs them), rotated together where RoPE
+        spans the whole head (qkv_rotated: the rope keys whose tables _qkv_tables widens).
+        Fewer nodes a step, the same maths (docs/design.md §12)."""
+        a = self.adapter
+        direct = a.latent is None and a.q_norm is None and a.qkv_clip is None \
+            and a.q_position_scale is None
+        self.packed = nn.ModuleList(_packed_qkv(get_path(layer, a.attn), a) if direct
+                                    else nn.Identity() for layer in self.layers)
+        self.qkv_rotated = frozenset(
+            key for key, rope in self.ropes.items() if direct and rope.precision == "model"
+            and rope.rotary_dim == self.heads.head_dim)
+
+    def _qkv_tables(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """cos, sin (B, T, 1, D) -> (B, T, H + 2·Hkv, D) over packed [q | k | v] heads: the
+        tables for q and k, and 1, 0 for v, which a rotation then leaves as it is (v·1 + 0).
+
+            cos·m + (1 - m), sin·m      m (H + 2·Hkv, 1): 1 for q and k heads, 0 for v
+        """
+        H, Hkv = self.heads.num_heads, self.heads.num_kv_heads
+        m = torch.cat((torch.ones(H + Hkv, 1), torch.zeros(Hkv, 1))).to(cos.dtype)
+        return cos * m + (1 - m), sin * m
 
     def lm_logits(self, x: torch.Tensor) -> torch.Tensor:
         a = self.adapter
@@ -269,6 +305,10 @@ class Decoder(nn.Module):
             self.register_buffer(names[1], freqs.sin() * rope.scale, persistent=False)
             self.ort_caches[key] = names
         self.register_buffer("no_cache", torch.zeros(1, 1), persistent=False)
+        # the rows graph rotates its packed q, k and v together (_init_static)
+        self.qkv_rotated = frozenset(key for key, rope in self.ropes.items() if
+                                     rope.precision == "model" and
+                                     rope.rotary_dim == self.heads.head_dim)
         # q, k, v as one packed projection (three MatMuls -> one) where nothing sits between
         # the projection and the kernel: no q/k norm, clip or q scale, RoPE in the kernel or none
         direct = [a.q_norm is None and a.qkv_clip is None and a.q_position_scale is None

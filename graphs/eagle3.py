@@ -148,7 +148,7 @@ class Eagle3Head(nn.Module):
 
     def step(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
              past_k: torch.Tensor, past_v: torch.Tensor, bias: torch.Tensor,
-             scatter_at: torch.Tensor | None = None
+             scatter_at: tuple[torch.Tensor, ...] | None = None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The mid layer (the graph wrapper's and forward's shared path): hidden_out (B, T, H)
         and the new keys and values as attention.attention returns them for the flavour.

@@ -16,7 +16,7 @@ import torch
 from ssd_runtime import contract
 from torch import nn
 
-from .attention import cache_positions, causal_mask, key_positions
+from .attention import cache_index, cache_positions, causal_mask, key_positions
 from .eagle3 import Eagle3Head
 from .trace import OPSET, TracedModel, rewrite_rsqrt_as_div
 
@@ -47,7 +47,8 @@ class HeadGraph(nn.Module):
             key_pos, key_valid = key_positions(position_ids, past_k.shape[1])     # (B, P+T)
         bias = causal_mask(position_ids, key_pos, key_valid, None)                # (B,1,1,T,S)
         out, k, v = head.step(input_ids, x, position_ids, past_k, past_v, bias,
-                              scatter_at=position_ids if self.static else None)
+                              scatter_at=cache_index(position_ids, head.heads.num_kv_heads)
+                              if self.static else None)
         logits = head.target_logits(head.draft_logits(out))         # (B, T, V)
         return logits, k, v, out
 

@@ -54,6 +54,9 @@ class Rope(nn.Module):
         return cls(1.0 / (base ** exponent), 1.0, interleaved, precision)
 
     def tables(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """cos and signed sin (B, T, 1, R) for `apply`: sin carries the sign that rotating a
+        pair puts on its first member, so a rotation is x·cos + partner(x)·sin, with no Neg
+        node (the same bits: negating is exact; docs/design.md §12)."""
         if self.precision == "float32":
             dtype = torch.float32
         freqs = position_ids[..., None].float() * self.inv_freq     # (B, T, R/2)
@@ -62,21 +65,40 @@ class Rope(nn.Module):
         else:
             emb = torch.cat((freqs, freqs), dim=-1)                 # (B, T, R): f0 f1 .. f0 f1 ..
         cos = (emb.cos() * self.scale).to(dtype)[:, :, None, :]     # (B, T, 1, R)
-        sin = (emb.sin() * self.scale).to(dtype)[:, :, None, :]
+        sin = (emb.sin() * self.scale).to(dtype)[:, :, None, :] * self._sign().to(dtype)
         return cos, sin
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x (B, T, n, D): RoPE on x[..., :R], the rest passes through."""
+        """x (B, T, n, D): RoPE on x[..., :R], the rest passes through; cos, sin from tables."""
         if self.precision != "model":                               # in float32, rounded back
             return self._rotate(x.float(), cos, sin).to(x.dtype)
         return self._rotate(x, cos, sin)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        rotate = _rotate_pairs if self.interleaved else _rotate_half
+        """x·cos + rotate(x)·sin with rotate(x) = sign·partner(x): rotate-half pairs dim j
+        with j + R/2, (x0 .. xR-1) -> (-xR/2 .. -xR-1, x0 .. xR/2-1); interleaved pairs 2j
+        with 2j + 1, (x0, x1, ..) -> (-x1, x0, ..). The sign is in sin (tables)."""
         if self.rotary_dim == x.shape[-1]:
-            return x * cos + rotate(x) * sin
+            return x * cos + self._partner(x) * sin
         rot, rest = x[..., :self.rotary_dim], x[..., self.rotary_dim:]
-        return torch.cat((rot * cos + rotate(rot) * sin, rest), dim=-1)
+        return torch.cat((rot * cos + self._partner(rot) * sin, rest), dim=-1)
+
+    def _partner(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., R) with each dim's partner in its place: the halves swapped (one Split and
+        one Concat of blocks; a Gather of single elements measured ~10x slower in ONNX
+        Runtime), or each pair swapped (interleaved)."""
+        R = self.rotary_dim
+        if self.interleaved:
+            return x.index_select(-1, torch.arange(R) ^ 1)
+        first, second = x.split(R // 2, dim=-1)
+        return torch.cat((second, first), dim=-1)
+
+    def _sign(self) -> torch.Tensor:
+        """-1 where a dim takes its partner negated, else 1 (R,), float32."""
+        R = self.rotary_dim
+        j = torch.arange(R)
+        first = (j % 2 == 0) if self.interleaved else (j < R // 2)
+        return torch.where(first, -1.0, 1.0)
 
 
 def log_position_scale(position_ids: torch.Tensor, beta: float, period: int,
@@ -120,14 +142,3 @@ def alibi_bias(slopes: torch.Tensor, key_pos: torch.Tensor, dtype: torch.dtype) 
         pos = pos.to(torch.bfloat16).float()
     bias = (slopes[None, :, :, None] * pos[:, None, None, :]).to(dtype).float()  # (B, Hkv, G, S)
     return bias[:, :, :, None, :]
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:
-    """(x0, x1, x2, x3, ..) -> (-x1, x0, -x3, x2, ..)."""
-    pairs = x.unflatten(-1, (-1, 2))                                # (..., R/2, 2)
-    return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)

@@ -1,12 +1,17 @@
 """Target step time and size of bundles side by side: float against quantized targets.
 
-    python tools/quant_steps.py BUNDLE [BUNDLE ...] [--past 128] [--rounds 5] [--json out.json]
+    python tools/quant_steps.py BUNDLE [BUNDLE ...] [--past 128] [--rounds 5] [--interleave]
+                                [--json out.json]
 
 Each bundle's target is prefilled to `--past` rows; then, round by round (the bundles take
 turns, so the machine's drift hits all alike), each is called 30 times at 1 new token (a
 decode step) and at 9 (a verification of k=8). Reported: the median over rounds of each
 round's median, the spread over rounds, the ratio to the first bundle, and the target's size
 on disk. The sessions are the runtime's own (IO-bound, the arena in place).
+
+`--interleave`: the bundles take turns call by call instead (A B C A B C ..., 30 calls each a
+round), for a loaded machine, where a busy second can fall on one bundle's 30 calls and steps
+bunch at the scheduler's ticks; the mean over all calls is reported beside the median.
 """
 from __future__ import annotations
 
@@ -30,23 +35,31 @@ def main() -> None:
     p.add_argument("--past", type=int, default=128)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--interleave", action="store_true",
+                   help="take turns call by call rather than 30 calls at a time")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     gens = {b: Generator.load(b, backend="cpu", threads=args.threads) for b in args.bundles}
     for gen in gens.values():
         gen.target.prefill((np.arange(args.past) % 50).astype(np.int64))
     times = {(b, w): [] for b in gens for w in WIDTHS}
+    calls = {(b, w): [] for b in gens for w in WIDTHS}         # every call's time, ms
     for _ in range(args.rounds):
-        for b, gen in gens.items():
-            for w in WIDTHS:
-                ids = np.ones(w, np.int64)
-                gen.target.forward(ids, args.past)          # warm after the other bundles
-                calls = []
-                for _ in range(CALLS):
+        for w in WIDTHS:
+            ids = np.ones(w, np.int64)
+            # blocks of 30 calls a bundle, each warmed first (after the other bundles); or
+            # every bundle warmed, then one call each in turn, 30 times
+            blocks = [[b] * CALLS for b in gens] if not args.interleave else \
+                [list(gens) * CALLS]
+            for block in blocks:
+                for b in dict.fromkeys(block):
+                    gens[b].target.forward(ids, args.past)
+                for b in block:
                     start = time.perf_counter()
-                    gen.target.forward(ids, args.past)
-                    calls.append(time.perf_counter() - start)
-                times[b, w].append(statistics.median(calls) * 1e3)
+                    gens[b].target.forward(ids, args.past)
+                    calls[b, w].append((time.perf_counter() - start) * 1e3)
+            for b in gens:
+                times[b, w].append(statistics.median(calls[b, w][-CALLS:]))
     first = args.bundles[0]
     rows = []
     for b, gen in gens.items():
@@ -62,13 +75,16 @@ def main() -> None:
             row[f"step{w}_ms"] = round(med, 3)
             row[f"step{w}_spread_ms"] = [round(min(times[b, w]), 3), round(max(times[b, w]), 3)]
             row[f"step{w}_speedup"] = round(base / med, 2)
+            row[f"step{w}_mean_ms"] = round(statistics.fmean(calls[b, w]), 3)
         rows.append(row)
         print(f"{b}: target {entry.quant} ({entry.graph}), {row['target_mb']} MB; " + "; ".join(
             f"{w} tok {row[f'step{w}_ms']} ms [{row[f'step{w}_spread_ms'][0]}-"
-            f"{row[f'step{w}_spread_ms'][1]}] {row[f'step{w}_speedup']}x" for w in WIDTHS))
+            f"{row[f'step{w}_spread_ms'][1]}] {row[f'step{w}_speedup']}x "
+            f"(mean {row[f'step{w}_mean_ms']})" for w in WIDTHS))
     if args.json:
         args.json.write_text(json.dumps({"past": args.past, "rounds": args.rounds,
-                                         "calls": CALLS, "bundles": rows}, indent=2) + "\n")
+                                         "calls": CALLS, "interleave": args.interleave,
+                                         "bundles": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -228,3 +228,21 @@ def test_group_query_attention_refuses_a_batch_of_several_new_tokens_after_a_pas
     with pytest.raises(Exception, match=r"batch_size must be 1 when sequence_length > 1 and "
                                         r"past context is given"):
         _run_ort(fresh, ids, pos, caches)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_a_static_rows_logits_have_the_same_bits_alone_and_among_k_plus_1(sessions, name):
+    """The static flavour's row is a function of itself alone (docs/design.md §12), float32:
+    five new tokens in one call give bitwise the logits of one token a call. llama's G = 2
+    query heads a KV head are the products' rows; gpt2's G = 1 takes the zero row that keeps
+    a product off ONNX Runtime's one-row kernel (attention.row_exact_matmul)."""
+    _, session = sessions[name, contract.STATIC]
+    n_layers, (kv_heads, head_dim) = _layers(session), _kv_shape(session)
+    ids = np.random.default_rng(44).integers(3, tiny.VOCAB, size=(1, 14))
+    caches = [np.zeros((1, kv_heads, MAX_CONTEXT, head_dim), np.float32)
+              for _ in range(2 * n_layers)]
+    _run_ort(session, ids[:, :9], _positions(0, 9), caches)
+    together = _run_ort(session, ids[:, 9:], _positions(9, 5), [c.copy() for c in caches])[0]
+    alone = np.stack([_run_ort(session, ids[:, t:t + 1], _positions(t, 1), caches)[0, 0]
+                      for t in range(9, 14)])                               # (5, V)
+    assert (together == alone).all(), f"rows differ by {np.abs(together - alone).max(1)}"
