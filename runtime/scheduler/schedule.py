@@ -161,6 +161,7 @@ class AdaptiveK:
     _scale: float = 1.0           # this round's rate against the plan's (thresholds scale)
     _idle: int = 0                # rounds in a row the plan drafted nothing
     _probe: bool = False          # this round drafts PROBE tokens to measure α again
+    _probing: bool = True         # whether drafting would pay at some α (else no probes)
 
     def __post_init__(self) -> None:
         if self.times is None:
@@ -189,6 +190,10 @@ class AdaptiveK:
             seconds = self.times.seconds
             best = self._plan[0]
             self._plan_rate = expected_tokens(alpha, best) / seconds[best]
+            # a probe can only change the plan where some α would make drafting pay: a draft
+            # as dear as the target (SmolLM2-135M's int8 copy beside its int8 target, c 0.98)
+            # never pays, and each probe paid its catch-up over the rounds since (0.92x k=0)
+            self._probing = best > 0 or self.plan(0.999)[0] > 0
         self._rounds += 1
         # The plan is only a cap: the stopping rule below ends the round where no more tokens
         # are worth their time and knows more than α does (each token's confidence), so a
@@ -196,7 +201,7 @@ class AdaptiveK:
         # Lookup tokens are judged when one is found (take_lookup), so their cap stays.
         k = self.max_k if self._plan[0] else 0
         self._probe = False
-        if k or not self.model:
+        if k or not self.model or not self._probing:
             self._idle = 0
         else:       # α is not measured while nothing is drafted: probe now and then (below)
             self._idle += 1

@@ -414,3 +414,15 @@ def test_an_estimate_is_probed_at_once_and_lookup_does_not_take_the_probe():
     assert sched.learnt.measured and sched.alpha > 0.3
     sched.next_k()
     assert sched.take_lookup(3, 6, 8) > 0           # an ordinary round: lookup as before
+
+
+def test_a_draft_that_cannot_pay_at_any_acceptance_is_not_probed():
+    """A probe measures α; where even α = 1 would not pay (a draft step as dear as the target's:
+    SmolLM2-135M's int8 copy beside its int8 target), it could not change the plan, and each
+    cost a catch-up of the rounds since (0.92x k=0 before, 1.03x without)."""
+    dear = CostModel(target_step=1.0, draft_step=1.0, verify=tuple(1.0 + 0.12 * k
+                                                                    for k in range(9)))
+    sched = AdaptiveK(dear, 8, Acceptance.starting_at(1.0))
+    assert not any(sched.next_k() for _ in range(200))
+    cheap = AdaptiveK(cpu_like(), 8, Acceptance.starting_at(0.0))
+    assert any(cheap.next_k() for _ in range(20))      # an estimate that may be wrong is probed
