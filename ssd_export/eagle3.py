@@ -114,9 +114,10 @@ def trace_head(head: LoadedHead, path: Path, max_context: int, config,
                                    max_context)
 
 
-def head_entry(root: Path, head: LoadedHead, traced: TracedModel,
-               parity: dict[str, float]) -> ModelEntry:
-    """The draft's manifest entry for a head (kind eagle3, its settings, design §14)."""
+def head_entry(root: Path, head, traced: TracedModel, parity: dict[str, float],
+               kind: str = contract.EAGLE3) -> ModelEntry:
+    """The draft's manifest entry for a head (an EAGLE-3 head's LoadedHead, or an MTP
+    layer's LoadedMtp: kind, its settings; design §14)."""
     return ModelEntry(
         path=traced.path.relative_to(root).as_posix(), architecture=head.architecture,
         source=head.source, num_layers=1, num_kv_heads=traced.num_kv_heads,
@@ -124,8 +125,8 @@ def head_entry(root: Path, head: LoadedHead, traced: TracedModel,
         logits_dtype="float32", inputs=contract.head_input_names(),
         outputs=contract.head_output_names(traced.graph)
         + ([contract.TOP_ID, contract.TOP_PROB] if traced.tops else []),
-        parameters=traced.parameters, parity=parity, graph=traced.graph,
-        kind=contract.EAGLE3, aux_layer_ids=list(traced.aux_layer_ids), head=head.settings())
+        parameters=traced.parameters, parity=parity, graph=traced.graph, moe=traced.moe,
+        kind=kind, aux_layer_ids=list(traced.aux_layer_ids), head=head.settings())
 
 
 def head_parity(head: Eagle3Head, path: Path, graph: str, max_draft: int,

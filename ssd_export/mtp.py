@@ -16,7 +16,7 @@ from ssd_graphs.trace import TracedModel
 from ssd_runtime import contract
 from ssd_runtime.manifest import ModelEntry
 
-from .eagle3 import head_parity
+from .eagle3 import head_entry, head_parity
 
 MTP_DRAFT = "mtp"               # --draft mtp: a literal keyword, not a folder (vLLM's method "mtp")
 FEATURES = "final_norm"         # what the head reads: the target's last hidden state, normed
@@ -62,15 +62,7 @@ class LoadedMtp:
 
     def entry(self, root: Path, traced: TracedModel, parity: dict[str, float]) -> ModelEntry:
         """The draft's manifest entry: kind mtp, aux_layer_ids [L], its settings."""
-        return ModelEntry(
-            path=traced.path.relative_to(root).as_posix(), architecture=self.architecture,
-            source=self.source, num_layers=1, num_kv_heads=traced.num_kv_heads,
-            head_dim=traced.head_dim, vocab_size=traced.vocab_size, kv_dtype=traced.kv_dtype,
-            logits_dtype="float32", inputs=contract.head_input_names(),
-            outputs=contract.head_output_names(traced.graph)
-            + ([contract.TOP_ID, contract.TOP_PROB] if traced.tops else []),
-            parameters=traced.parameters, parity=parity, graph=traced.graph, moe=traced.moe,
-            kind=contract.MTP, aux_layer_ids=list(traced.aux_layer_ids), head=self.settings())
+        return head_entry(root, self, traced, parity, kind=contract.MTP)
 
 
 def check_mtp_request(target: str) -> None:
