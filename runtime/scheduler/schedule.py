@@ -161,7 +161,7 @@ class AdaptiveK:
     _scale: float = 1.0           # this round's rate against the plan's (thresholds scale)
     _idle: int = 0                # rounds in a row the plan drafted nothing
     _probe: bool = False          # this round drafts PROBE tokens to measure α again
-    _probing: bool = True         # whether drafting would pay at some α (else no probes)
+    _probing: bool = True         # whether drafting would pay at some α (else rare probes)
 
     def __post_init__(self) -> None:
         if self.times is None:
@@ -190,9 +190,11 @@ class AdaptiveK:
             seconds = self.times.seconds
             best = self._plan[0]
             self._plan_rate = expected_tokens(alpha, best) / seconds[best]
-            # a probe can only change the plan where some α would make drafting pay: a draft
+            # a probe can change the plan only where some α would make drafting pay: a draft
             # as dear as the target (SmolLM2-135M's int8 copy beside its int8 target, c 0.98)
-            # never pays, and each probe paid its catch-up over the rounds since (0.92x k=0)
+            # never pays, and each probe paid its catch-up over the rounds since (0.92x k=0).
+            # Such a draft is probed at the longest wait only (its price was measured once, at
+            # calibration, and a probe's round times are what would correct it)
             self._probing = best > 0 or self.plan(0.999)[0] > 0
         self._rounds += 1
         # The plan is only a cap: the stopping rule below ends the round where no more tokens
@@ -201,12 +203,14 @@ class AdaptiveK:
         # Lookup tokens are judged when one is found (take_lookup), so their cap stays.
         k = self.max_k if self._plan[0] else 0
         self._probe = False
-        if k or not self.model or not self._probing:
+        if k or not self.model:
             self._idle = 0
         else:       # α is not measured while nothing is drafted: probe now and then (below)
             self._idle += 1
-            wait = PROBE_EVERY << min(self.learnt.misses, PROBE_BACKOFF) \
-                if self.learnt.measured else 1          # an estimate: measured at once
+            wait = PROBE_EVERY << (min(self.learnt.misses, PROBE_BACKOFF) if self._probing
+                                   else PROBE_BACKOFF)
+            if not self.learnt.measured and self._probing:
+                wait = 1                                # an estimate: measured at once
             if self._idle >= wait:
                 k, self._probe, self._idle = min(PROBE, self.max_k), True, 0
         self._k, self._survive, self._tops, self._taken, self._scale = k, 1.0, [], 0, 1.0

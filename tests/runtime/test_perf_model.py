@@ -419,10 +419,14 @@ def test_an_estimate_is_probed_at_once_and_lookup_does_not_take_the_probe():
 def test_a_draft_that_cannot_pay_at_any_acceptance_is_not_probed():
     """A probe measures α; where even α = 1 would not pay (a draft step as dear as the target's:
     SmolLM2-135M's int8 copy beside its int8 target), it could not change the plan, and each
-    cost a catch-up of the rounds since (0.92x k=0 before, 1.03x without)."""
+    cost a catch-up of the rounds since (0.92x k=0 before, 1.03x without): such a draft is
+    probed only at the longest wait (its round times could still correct a wrong price)."""
+    from ssd_runtime.scheduler.learning import PROBE_BACKOFF, PROBE_EVERY
+
     dear = CostModel(target_step=1.0, draft_step=1.0, verify=tuple(1.0 + 0.12 * k
                                                                     for k in range(9)))
     sched = AdaptiveK(dear, 8, Acceptance.starting_at(1.0))
-    assert not any(sched.next_k() for _ in range(200))
+    probes = [r for r in range(1, 3000) if sched.next_k()]
+    assert probes[:2] == [PROBE_EVERY << PROBE_BACKOFF, 2 * (PROBE_EVERY << PROBE_BACKOFF)]
     cheap = AdaptiveK(cpu_like(), 8, Acceptance.starting_at(0.0))
     assert any(cheap.next_k() for _ in range(20))      # an estimate that may be wrong is probed
