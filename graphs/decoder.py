@@ -190,9 +190,13 @@ class Decoder(nn.Module):
             and a.q_position_scale is None
         self.packed = nn.ModuleList(_packed_qkv(get_path(layer, a.attn), a) if direct
                                     else nn.Identity() for layer in self.layers)
-        self.qkv_rotated = frozenset(
-            key for key, rope in self.ropes.items() if direct and rope.precision == "model"
-            and rope.rotary_dim == self.heads.head_dim)
+        self.qkv_rotated = self._whole_head_ropes() if direct else frozenset()
+
+    def _whole_head_ropes(self) -> frozenset:
+        """The rope keys whose rotation spans the whole head in the model's dtype: their tables
+        widen to packed [q | k | v] (_qkv_tables), one rotation for all three."""
+        return frozenset(key for key, rope in self.ropes.items()
+                         if rope.precision == "model" and rope.rotary_dim == self.heads.head_dim)
 
     def _qkv_tables(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """cos, sin (B, T, 1, D) -> (B, T, H + 2·Hkv, D) over packed [q | k | v] heads: the
@@ -306,9 +310,7 @@ class Decoder(nn.Module):
             self.ort_caches[key] = names
         self.register_buffer("no_cache", torch.zeros(1, 1), persistent=False)
         # the rows graph rotates its packed q, k and v together (_init_static)
-        self.qkv_rotated = frozenset(key for key, rope in self.ropes.items() if
-                                     rope.precision == "model" and
-                                     rope.rotary_dim == self.heads.head_dim)
+        self.qkv_rotated = self._whole_head_ropes()
         # q, k, v as one packed projection (three MatMuls -> one) where nothing sits between
         # the projection and the kernel: no q/k norm, clip or q scale, RoPE in the kernel or none
         direct = [a.q_norm is None and a.qkv_clip is None and a.q_position_scale is None

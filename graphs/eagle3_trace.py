@@ -58,8 +58,7 @@ def export_head(head: Eagle3Head, path: Path, max_context: int, graph: str) -> T
     wrapper = HeadGraph(head.float().eval(), graph).eval()
     c = head.config
     Hkv, D = head.heads.num_kv_heads, head.heads.head_dim
-    trace_head_graph(wrapper, path, max_context, graph, 3 * c.target_hidden_size,
-                     c.hidden_size, Hkv, D)
+    trace_head_graph(wrapper, path, max_context, graph, c.feature_width, c.hidden_size, Hkv, D)
     return TracedModel(path=path, num_layers=1, num_kv_heads=Hkv, head_dim=D,
                        vocab_size=c.vocab_size, kv_dtype="float32",
                        parameters=sum(p.numel() for p in head.parameters()), graph=graph,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ssd_graphs.mtp import MtpConfig, MtpHead, check_mtp, load_mtp
+from ssd_graphs.mtp import MtpConfig, MtpHead, load_mtp
 from ssd_graphs.trace import TracedModel
 from ssd_runtime import contract
 from ssd_runtime.manifest import ModelEntry
@@ -63,11 +63,6 @@ class LoadedMtp:
     def entry(self, root: Path, traced: TracedModel, parity: dict[str, float]) -> ModelEntry:
         """The draft's manifest entry: kind mtp, aux_layer_ids [L], its settings."""
         return head_entry(root, self, traced, parity, kind=contract.MTP)
-
-
-def check_mtp_request(target: str) -> None:
-    """Refuse, before any loading, a target whose checkpoint gives no MTP layer here."""
-    check_mtp(target)
 
 
 def read_mtp(source: str, target: Any) -> LoadedMtp:

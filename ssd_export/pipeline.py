@@ -13,6 +13,7 @@ from pathlib import Path
 from time import perf_counter, strftime
 
 from ssd_graphs.heads import write_heads
+from ssd_graphs.mtp import check_mtp
 from ssd_graphs.trace import OPSET, TracedModel, append_tops, export_decoder
 from ssd_runtime import __version__, contract
 from ssd_runtime.backends.trt import probe_tensorrt
@@ -22,7 +23,7 @@ from ssd_runtime.manifest import MAX_BATCH, Manifest, ModelEntry, TokenizerEntry
 from . import rows
 from .bundle import check_output, finish_manifest, staging
 from .eagle3 import check_head_request, is_head, read_head
-from .mtp import MTP_DRAFT, check_mtp_request, read_mtp
+from .mtp import MTP_DRAFT, read_mtp
 from .config import DEFAULT_MAX_CONTEXT, ExportConfig
 from .engines import export_engines, require_tensorrt
 from .loading import LoadedModel, check_architecture, load_model
@@ -53,7 +54,7 @@ def export_bundle(config: ExportConfig) -> Manifest:
     mtp_draft = config.draft == MTP_DRAFT    # the target's own MTP layer (§14)
     if mtp_draft:       # a class with MTP layers the toolkit does not read: refused by name
         check_head_request(config, "--draft mtp")
-        check_mtp_request(config.target)
+        check_mtp(config.target)      # before any loading: the checkpoint gives a layer
     check_architecture(config.target, "target")
     head_draft = mtp_draft or is_head(config.draft)   # or an EAGLE-3 head, published (§14)
     if not head_draft:

@@ -207,10 +207,12 @@ class AdaptiveK:
             self._idle = 0
         else:       # α is not measured while nothing is drafted: probe now and then (below)
             self._idle += 1
-            wait = PROBE_EVERY << (min(self.learnt.misses, PROBE_BACKOFF) if self._probing
-                                   else PROBE_BACKOFF)
-            if not self.learnt.measured and self._probing:
-                wait = 1                                # an estimate: measured at once
+            if not self._probing:                      # no α would pay: the longest wait
+                wait = PROBE_EVERY << PROBE_BACKOFF
+            elif not self.learnt.measured:              # an estimate: measured at once
+                wait = 1
+            else:
+                wait = PROBE_EVERY << min(self.learnt.misses, PROBE_BACKOFF)
             if self._idle >= wait:
                 k, self._probe, self._idle = min(PROBE, self.max_k), True, 0
         self._k, self._survive, self._tops, self._taken, self._scale = k, 1.0, [], 0, 1.0

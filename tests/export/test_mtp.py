@@ -10,9 +10,9 @@ import shutil
 from pathlib import Path
 
 import export_cache
-import numpy as np
 import pytest
 import tiny
+from heads import assert_batch_drafts_as, head_row
 import torch
 from ssd_export import ExportConfig, export_bundle
 from ssd_graphs.mtp import load_mtp
@@ -20,8 +20,7 @@ from ssd_runtime import Generator, contract
 from ssd_graphs.trt_lint import errors, lint_file
 from ssd_runtime.errors import BundleError, ConfigError
 from ssd_runtime.manifest import Manifest, read_manifest
-from ssd_runtime.round.loop import Loop, Row, Stats
-from ssd_runtime.scheduler.schedule import FixedK
+from ssd_runtime.round.loop import Loop
 
 PROMPTS = [[5, 9, 14, 3, 22, 7], [40, 2, 2, 17], [11, 60, 3, 8, 19, 25, 31, 4, 9]]
 LAYERS = 2                      # the MTP layer is model.layers.2
@@ -119,34 +118,16 @@ def test_the_manifest_ties_the_mtp_layer_to_the_target_feature(bundles):
             Manifest.from_dict(broken)
 
 
-def _row(gen: Generator, prompt: list[int], k: int, slot: int = 0) -> Row:
-    req = gen.request(prompt, max_new_tokens=12, k=k)
-    schedule = FixedK(k)
-    row = Row(list(req.ids), req.rule, schedule, gen.drafter(req.rule, schedule, None, slot),
-              Stats(), req.eos_ids, 12, len(req.ids))
-    gen.target.prefill(np.asarray(row.seq[:-1], np.int64), 0, slot=slot)
-    row.target_len = len(row.seq) - 1
-    row.drafter.catch_up(row.seq, row.target_len)
-    return row
-
-
 def test_the_runtime_drafts_what_the_pytorch_layer_drafts(gen, reference):
     """Round after round, alone and in a batch of three: the feature of position t beside
     token x_{t+1}, the layer's own output fed back for the later drafts."""
-    row = _row(gen, PROMPTS[0], 3)
+    row = head_row(gen, PROMPTS[0], 3)
     loop = Loop(gen.target, gen.draft)
     for _ in range(3):
         before = list(row.seq)
         loop.round([row])
         assert row.drafts == reference(before, 3)
-    rows = [_row(gen, prompt, 2, slot) for slot, prompt in enumerate(PROMPTS)]
-    for _ in range(2):
-        befores = [list(r.seq) for r in rows]
-        lengths = (np.array([r.target_len for r in rows], np.int64),
-                   np.array([r.drafter.draft_len for r in rows], np.int64))
-        loop.round(rows, lengths=lengths)
-        for r, before in zip(rows, befores):
-            assert r.drafts == reference(before, 2)
+    assert_batch_drafts_as(gen, reference, PROMPTS, 2, rounds=2)
 
 
 @pytest.mark.parametrize("sampling", [{}, {"temperature": 0.9, "seed": 3}])

@@ -7,17 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import export_cache
-import numpy as np
 import pytest
 import tiny
+from heads import assert_batch_drafts_as, head_row
 import torch
 from ssd_export import ExportConfig
 from ssd_graphs.eagle3 import aux_hidden, load_head
 from ssd_runtime import Generator
 from ssd_runtime.errors import ConfigError
 from ssd_runtime.round import features
-from ssd_runtime.round.loop import Loop, Row, Stats
-from ssd_runtime.scheduler.schedule import FixedK
+from ssd_runtime.round.loop import Loop
 
 WIDTH = 64                                      # the "llama" fixture target's hidden size
 PROMPTS = [[5, 9, 14, 3, 22, 7], [40, 2, 2, 17], [11, 60, 3, 8, 19, 25, 31, 4, 9]]
@@ -78,23 +77,12 @@ def reference(target, head):
     return drafts
 
 
-def _row(gen: Generator, prompt: list[int], k: int, slot: int = 0) -> Row:
-    req = gen.request(prompt, max_new_tokens=12, k=k)
-    schedule = FixedK(k)
-    row = Row(list(req.ids), req.rule, schedule, gen.drafter(req.rule, schedule, None, slot),
-              Stats(), req.eos_ids, 12, len(req.ids))
-    gen.target.prefill(np.asarray(row.seq[:-1], np.int64), 0, slot=slot)
-    row.target_len = len(row.seq) - 1
-    row.drafter.catch_up(row.seq, row.target_len)
-    return row
-
-
 def test_the_runtime_drafts_what_the_pytorch_head_drafts(gen, reference):
     """Every round's drafts equal the PyTorch head's over Hugging Face's features for the
     same committed tokens: the features reach the head at their positions, each step feeds
     the one before, the draft vocabulary maps back through d2t, and after a verification the
     head reads the features of what was accepted."""
-    row = _row(gen, PROMPTS[0], 3)
+    row = head_row(gen, PROMPTS[0], 3)
     loop = Loop(gen.target, gen.draft)
     for _ in range(4):
         before = list(row.seq)
@@ -103,15 +91,7 @@ def test_the_runtime_drafts_what_the_pytorch_head_drafts(gen, reference):
 
 
 def test_a_batch_drafts_each_row_as_the_pytorch_head_does(gen, reference):
-    rows = [_row(gen, prompt, 2, slot) for slot, prompt in enumerate(PROMPTS)]
-    loop = Loop(gen.target, gen.draft)
-    for _ in range(3):
-        befores = [list(row.seq) for row in rows]
-        lengths = (np.array([row.target_len for row in rows], np.int64),
-                   np.array([row.drafter.draft_len for row in rows], np.int64))
-        loop.round(rows, lengths=lengths)
-        for row, before in zip(rows, befores):
-            assert row.drafts == reference(before, 2)
+    assert_batch_drafts_as(gen, reference, PROMPTS, 2, rounds=3)
 
 
 @pytest.mark.parametrize("sampling", [{}, {"temperature": 0.9, "seed": 3}])
