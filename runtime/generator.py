@@ -22,7 +22,7 @@ from .round.drafting import Drafter, Schedule, SplitDrafter
 from .round.features import HeadDrafter, attach
 from .round.heads import FusedGreedyAcceptance, FusedSamplingAcceptance, HeadSessions
 from .round.logprobs import MAX_TOP, Logprobs
-from .round.lookup import DRAFT_SOURCES, PREDICTION_PRIOR, Lookup
+from .round.lookup import DRAFT_SOURCES, MAX_NGRAM, PREDICTION_PRIOR, Lookup
 from .round.loop import Stats, decode
 from .round.grammar import Constraint, tokenizer_for
 from .round.schema_length import TokenPieces
@@ -32,7 +32,7 @@ from .round.sampling import SamplingParams
 from .scheduler.batch_cost import BatchCost, LiveCost, Realized
 from .scheduler.calibration import calibrate
 from .scheduler.cost import CostModel
-from .scheduler.learning import Acceptance
+from .scheduler.learning import Acceptance, Sources
 from .scheduler.schedule import AdaptiveK, FixedK, RoundTimes
 from .text import TextCodec, TextStream
 
@@ -329,20 +329,23 @@ class Generator:
         kind (greedy, sampled, invariant) and source, round times per mode; `own` (a batch's
         sequences, several at once) learns on a copy, which the batch keeps when the sequence
         ends."""
-        # a prediction's worth is its own request's: it starts from the client's claim that
-        # the output follows it, and is learnt as its tokens are judged
-        predicted = Acceptance.starting_at(PREDICTION_PRIOR) if req.prediction is not None \
-            else None
-        if req.k != "auto":
-            return FixedK(req.k, req.source != "lookup", self.prior(), predicted or Acceptance())
-        cost, max_draft, kind = self.cost_model(), self.manifest.max_draft, req.kind
+        auto, kind = req.k == "auto", req.kind
+        # the sequence's own lookup: learnt across calls under auto (a fixed k's drafts
+        # depend on its call alone), on a copy of its own in a batch
+        lookup = self._learnt.setdefault(f"{kind}/lookup", Acceptance()) \
+            if auto and not own and req.source != "model" else Acceptance()
+        if req.prediction is not None:
+            # a prediction's worth is its own request's: it starts from the client's claim
+            # that the output follows it, and is learnt apart as its tokens are judged
+            lookup = Sources(lookup, Acceptance.starting_at(PREDICTION_PRIOR), MAX_NGRAM + 1)
+        if not auto:
+            return FixedK(req.k, req.source != "lookup", self.prior(), lookup)
+        cost, max_draft = self.cost_model(), self.manifest.max_draft
         if req.mode not in self._times:
             self._times[req.mode] = RoundTimes.from_cost(cost, max_draft)
         learnt = self.learnt(kind).carried() if own else self.learnt(kind)
-        lookup = predicted
-        if lookup is None and req.source != "model":
-            lookup = Acceptance() if own else \
-                self._learnt.setdefault(f"{kind}/lookup", Acceptance())
+        if req.source == "model" and req.prediction is None:
+            lookup = None
         return AdaptiveK(cost, max_draft, learnt, self._times[req.mode], lookup=lookup,
                          model=req.source != "lookup")
 

@@ -10,7 +10,10 @@ worth (its acceptance, by n) is learnt online by the schedule (schedule.Adaptive
 A client's predicted output (OpenAI's `prediction`: the file about to be edited, a template)
 is a second source (`Prediction`): the output is expected to follow it, so its continuation
 after the sequence's last n-gram, matched in the prediction, is drafted the same way. Its
-worth is learnt apart from the sequence's own (class MAX_NGRAM + n instead of n).
+worth is learnt apart from the sequence's own (class MAX_NGRAM + n instead of n), and its
+start, before the output has followed any of it, apart again (class 2·MAX_NGRAM + 1): an
+answer that opens with a preamble the prediction lacks (a code fence, "Here is the file:")
+rejects the start, and that says nothing of the text the prediction re-anchors in after it.
 """
 from __future__ import annotations
 
@@ -28,7 +31,13 @@ class Prediction:
     last anchor; where the round's last token replaced a predicted one, on after that token;
     after another divergence (the target wrote something else) the sequence's last
     n-gram re-anchors it, at the first occurrence from the last anchor on (an edit moves
-    forward through the text it edits), else the nearest before it."""
+    forward through the text it edits), else the nearest before it.
+
+    Until the output has followed any of it, its start is offered again after each round
+    (class max_ngram + 1) unless an n-gram of two or more tokens anchors it elsewhere: an
+    answer that opens with a preamble the prediction lacks ("```python", "Here is the
+    file:") goes on with the prediction's start, which no n-gram of the preamble finds, and a
+    single token of the preamble found somewhere in the text is no anchor."""
 
     def __init__(self, ids: list[int], prompt_len: int, max_ngram: int = MAX_NGRAM) -> None:
         self.ids, self.prompt_len, self.max_ngram = list(ids), prompt_len, max_ngram
@@ -38,23 +47,28 @@ class Prediction:
                 self.index[n].setdefault(tuple(self.ids[p - n:p]), []).append(p)
         self.anchor = 0               # where the last continuation drafted from it started
         self.anchored_at = prompt_len  # ... and the sequence's length then
+        self.followed = False         # whether the output has followed it for a token
 
     def find(self, seq: list[int], limit: int) -> tuple[list[int], int]:
         """Up to `limit` predicted tokens for what follows `seq`, and the n of the n-gram that
-        anchored them (max_ngram where the output has followed it: at its start, and on from
-        the last anchor while every token since agrees)."""
+        anchored them (max_ngram where the output has followed it: on from the last anchor
+        while every token since agrees; max_ngram + 1 for its start, a guess)."""
         since = seq[self.anchored_at:]
         ahead = self.ids[self.anchor:self.anchor + len(since)]
-        if ahead == since:                                  # still on track
+        if since and ahead == since:                        # still on track
+            self.followed = True
             self.anchor, self.anchored_at = self.anchor + len(since), len(seq)
             return self.ids[self.anchor:self.anchor + limit], self.max_ngram
-        if len(ahead) == len(since) and ahead[:-1] == since[:-1]:
+        if len(ahead) == len(since) > (0 if self.followed else 1) and ahead[:-1] == since[:-1]:
             # the last token replaced the predicted one (a rename, a changed number): the
-            # prediction likely goes on after it; a guess, so the weakest class
+            # prediction likely goes on after it; a guess, so the weakest class (the first
+            # token replaced, before any was followed, is a preamble's: the start is offered)
+            self.followed = True
             self.anchor, self.anchored_at = self.anchor + len(since), len(seq)
             if self.anchor < len(self.ids):
                 return self.ids[self.anchor:self.anchor + limit], 1
-        for n in range(min(self.max_ngram, len(seq) - self.prompt_len), 0, -1):
+        shortest = 1 if self.followed else 2
+        for n in range(min(self.max_ngram, len(seq) - self.prompt_len), shortest - 1, -1):
             places = self.index[n].get(tuple(seq[len(seq) - n:]))
             if not places:
                 continue
@@ -62,6 +76,9 @@ class Prediction:
             self.anchor = after[0] if after else places[-1]
             self.anchored_at = len(seq)
             return self.ids[self.anchor:self.anchor + limit], n
+        if not self.followed:
+            self.anchor, self.anchored_at = 0, len(seq)
+            return self.ids[:limit], self.max_ngram + 1
         return [], 0
 
 
@@ -74,7 +91,7 @@ class Lookup:
 
     def __init__(self, max_ngram: int = MAX_NGRAM, prediction: Prediction | None = None,
                  sequence: bool = True) -> None:
-        assert 2 * max_ngram < 10, "the learnt classes of both sources fit Acceptance's bins"
+        assert 2 * max_ngram + 1 < 10, "the learnt classes of both sources fit Acceptance's bins"
         self.max_ngram, self.prediction, self.sequence = max_ngram, prediction, sequence
         self.index: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_ngram + 1)]
         self.indexed = 1              # positions below this have their n-grams indexed
@@ -84,12 +101,14 @@ class Lookup:
         """Up to `limit` tokens that follow `seq` by lookup, and the class the schedule learns
         their worth by: the sequence's own continuation of the longest suffix seen before
         (class n, its length; 0: none found), or the prediction's (class max_ngram + n) where
-        its n-gram is at least as long."""
+        its n-gram is at least as long (its start, class 2·max_ngram + 1, where the
+        sequence's is a single token or none)."""
         own, n = self._own(seq, limit) if self.sequence else ([], 0)
         self.source = "sequence"
         if self.prediction is not None and limit > 0:
             predicted, m = self.prediction.find(seq, limit)
-            if predicted and m >= n:
+            # its start (m = max_ngram + 1) is a guess, as strong as a one-token match
+            if predicted and (m if m <= self.max_ngram else 1) >= n:
                 self.source = "prediction"
                 return predicted, self.max_ngram + m
         return own, n

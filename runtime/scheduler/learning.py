@@ -68,13 +68,15 @@ class Acceptance:
     scale: float = 1.0            # what one token counts this round (counts / scale: weights)
     misses: int = 0               # probes in a row that had nothing accepted (AdaptiveK)
     measured: bool = False        # whether a round has judged drafts (else α is an estimate)
+    start: float = 0.5            # the α it started at, which `forget` drifts back towards
 
     @classmethod
     def starting_at(cls, alpha: float) -> Acceptance:
         """Knowing nothing but an estimate of α (the export's measured agreement of the pair:
         docs/design.md §6), with the prior's weight."""
         alpha = min(max(float(alpha), 0.01), 0.99)     # a measurement, not a certainty
-        return cls(accepted=2 * _PRIOR_ROUNDS * alpha, rejected=2 * _PRIOR_ROUNDS * (1 - alpha))
+        return cls(accepted=2 * _PRIOR_ROUNDS * alpha, rejected=2 * _PRIOR_ROUNDS * (1 - alpha),
+                   start=alpha)
 
     @property
     def alpha(self) -> float:
@@ -84,7 +86,7 @@ class Acceptance:
         """α alone, for a sequence that starts from what earlier ones of its kind saw (a
         batch's sequences learn on their own copies)."""
         return Acceptance(accepted=self.accepted, rejected=self.rejected,
-                          measured=self.measured)
+                          measured=self.measured, start=self.start)
 
     def chance(self, top: float, position: int | None = None) -> float:
         """P(a draft token is accepted | its top probability [, its place in the round])."""
@@ -138,15 +140,17 @@ class Acceptance:
         self.observe_in(drafted, min(accepted, drafted), [b] * min(accepted + 1, drafted))
         self.misses = 0 if accepted else self.misses + 1
 
-    def forget(self) -> None:
+    def forget(self, b: int | None = None) -> None:
         """A round in which this source could have drafted and was not asked to: α drifts
-        back towards the prior and the tenths' counts age, so that a source judged poor is
-        tried again — each try in a row with nothing accepted (`misses`) halving the pace.
-        For lookup drafts (docs/design.md §6.1), whose worth is the text's, not the pair's,
-        and whose tries cost only a longer verification."""
+        back towards where it started (the prior's 0.5; a prediction's 0.9, the client's
+        claim) and the tenths' counts age, so that a source judged poor is tried again —
+        each try in a row with nothing accepted (`misses`) halving the pace. For lookup
+        drafts (docs/design.md §6.1), whose worth is the text's, not the pair's, and whose
+        tries cost only a longer verification. `b`: the class that was offered (one
+        Acceptance learns every class alike; `Sources` ages the offering source's)."""
         rate = (1 - self.decay) / (1 << min(self.misses, PROBE_BACKOFF))
-        self.accepted += rate * (_PRIOR_ROUNDS - self.accepted)
-        self.rejected += rate * (_PRIOR_ROUNDS - self.rejected)
+        self.accepted += rate * (2 * _PRIOR_ROUNDS * self.start - self.accepted)
+        self.rejected += rate * (2 * _PRIOR_ROUNDS * (1 - self.start) - self.rejected)
         self.scale /= self.bin_decay ** (rate / (1 - self.decay))
         if self.scale > 1e100:
             self._rescale()
@@ -158,3 +162,28 @@ class Acceptance:
         self.place_hits = [[h / s for h in row] for row in self.place_hits]
         self.place_seen = [[n / s for n in row] for row in self.place_seen]
         self.scale = 1.0
+
+
+@dataclass
+class Sources:
+    """What is learnt of lookup tokens when a request brings a prediction (docs/design.md
+    §6.1): the sequence's own continuations (classes below `split`) and the prediction's (from
+    `split` on), each in an Acceptance of its own, so that neither source's misses move the
+    other's α — a repeat of the prompt that fails says nothing of the client's text, which
+    starts at its claim (0.9) and is judged on its own tokens."""
+
+    sequence: Acceptance
+    prediction: Acceptance
+    split: int
+
+    def of(self, b: int) -> Acceptance:
+        return self.prediction if b >= self.split else self.sequence
+
+    def chance_in(self, b: int, position: int | None = None) -> float:
+        return self.of(b).chance_in(b, position)
+
+    def observe_run(self, drafted: int, accepted: int, b: int) -> None:
+        self.of(b).observe_run(drafted, accepted, b)
+
+    def forget(self, b: int | None = None) -> None:
+        self.of(b if b is not None else 0).forget()

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .cost import CostModel, expected_tokens
-from .learning import PROBE, PROBE_BACKOFF, PROBE_EVERY, Acceptance, tenth
+from .learning import PROBE, PROBE_BACKOFF, PROBE_EVERY, Acceptance, Sources, tenth
 
 
 @dataclass
@@ -23,7 +23,7 @@ class FixedK:
     k: int
     model: bool = True
     learnt: Acceptance | None = None      # the draft model's acceptance
-    lookup: Acceptance | None = None      # lookup tokens'
+    lookup: Acceptance | Sources | None = None      # lookup tokens'
     _taken: int = 0
     _matched: int = 0
 
@@ -62,13 +62,13 @@ class FixedK:
             self.learnt.observe(drafted - taken, accepted - taken)
 
 
-def lookup_beats(lookup: Acceptance, model: Acceptance, matched: int) -> bool:
+def lookup_beats(lookup: Acceptance | Sources, model: Acceptance, matched: int) -> bool:
     """A fixed k's choice of source (FixedK, a batch's slot): a continuation found on an n-gram
     of `matched` tokens is drafted where its first token is at least as likely to pass as a
     model token; declined, what was learnt of lookup ages (Acceptance.forget)."""
     if lookup.chance_in(matched, 0) >= model.alpha:
         return True
-    lookup.forget()
+    lookup.forget(matched)
     return False
 
 
@@ -146,7 +146,7 @@ class AdaptiveK:
     max_k: int
     learnt: Acceptance = field(default_factory=Acceptance)
     times: RoundTimes | None = None
-    lookup: Acceptance | None = None
+    lookup: Acceptance | Sources | None = None
     model: bool = True
     _k: int = 0                   # this round's cap on drafted tokens (0: no model draft)
     _survive: float = 1.0
@@ -260,7 +260,7 @@ class AdaptiveK:
             self._survive = survives[best - 1]
             self._scale = best_rate / self._plan_rate if self._plan_rate > 0 else 1.0
         else:
-            self.lookup.forget()
+            self.lookup.forget(matched)
         return best
 
     def extend_lookup(self, taken: int, k: int) -> bool:

@@ -6,7 +6,10 @@ from __future__ import annotations
 import pytest
 
 from ssd_runtime import ConfigError, Generator
-from ssd_runtime.round.lookup import MAX_NGRAM, Lookup, Prediction
+from ssd_runtime.round.lookup import MAX_NGRAM, PREDICTION_PRIOR, Lookup, Prediction
+from ssd_runtime.scheduler.cost import CostModel
+from ssd_runtime.scheduler.learning import Acceptance, Sources
+from ssd_runtime.scheduler.schedule import AdaptiveK, RoundTimes
 
 PROMPTS = ([0, 17, 42, 99, 17, 42], [3, 9, 4], [0, 5, 6, 7, 8, 9, 5, 6, 7])
 
@@ -19,25 +22,85 @@ def gen(bundle_factory):
 def test_prediction_drafts_from_its_start_and_re_anchors_after_a_divergence():
     prompt = [1, 2]
     pred = Prediction([10, 11, 12, 13, 14, 15, 11, 12, 16], prompt_len=len(prompt))
-    assert pred.find(prompt, 3) == ([10, 11, 12], MAX_NGRAM)       # the output's start
+    # the output's start, before any output has followed it: a class of its own
+    assert pred.find(prompt, 3) == ([10, 11, 12], MAX_NGRAM + 1)
     assert pred.find(prompt + [10, 11], 2) == ([12, 13], MAX_NGRAM)  # followed it: on from there
     # the target wrote 99 instead of 12 and then 13: re-anchored on [13], forward
     assert pred.find(prompt + [10, 11, 99, 13], 2) == ([14, 15], 1)
     # [11, 12] occurs twice: the first occurrence from the last anchor on (an edit moves
     # forward through the text it edits)
     assert pred.find(prompt + [10, 11, 99, 13, 14, 99, 11, 12], 3) == ([16], 2)
-    assert Prediction([10, 11], 2).find(prompt + [7, 8], 3) == ([], 0)   # never predicted
+    # nothing followed yet: after a preamble the start is offered again, a single token of
+    # the preamble found in the prediction is no anchor, two are
+    late = Prediction([10, 11, 7, 12, 7, 8, 13, 14, 15], 2)
+    assert late.find(prompt + [7], 3) == ([10, 11, 7], MAX_NGRAM + 1)
+    assert late.find(prompt + [7, 8], 3) == ([13, 14, 15], 2)
+    assert late.find(prompt + [7, 8, 13, 99], 3) == ([15], 1)     # followed 13, replaced 14
+    assert late.find(prompt + [7, 8, 13, 99, 15, 42, 43], 3) == ([], 0)   # then left it
     # a round whose last token replaced a predicted one (an edit of one token): on after it
     swap = Prediction([10, 11, 12, 13, 14], prompt_len=2)
-    assert swap.find(prompt, 3) == ([10, 11, 12], MAX_NGRAM)
+    assert swap.find(prompt, 3) == ([10, 11, 12], MAX_NGRAM + 1)
     assert swap.find(prompt + [10, 11, 99], 3) == ([13, 14], 1)
     assert swap.find(prompt + [10, 11, 99, 13], 3) == ([14], MAX_NGRAM)
     # beside the sequence's own text: the prediction where its n-gram is at least as long,
     # learnt under its own class (max_ngram + n)
     look = Lookup(prediction=Prediction([5, 6, 7], prompt_len=3))
     assert look.find([5, 6, 8, 5], 2) == ([6, 7], 2 * MAX_NGRAM) and look.source == "prediction"
+    start = Lookup(prediction=Prediction([5, 6, 7], prompt_len=3))
+    assert start.find([5, 6, 8], 2) == ([5, 6], 2 * MAX_NGRAM + 1)    # beats any n-gram
     alone = Lookup(prediction=Prediction([5, 6, 7], prompt_len=4), sequence=False)
-    assert alone.find([5, 6, 8, 5, 6, 9], 2) == ([], 0)
+    assert alone.find([5, 6, 8, 5, 6, 9], 2) == ([5, 6], 2 * MAX_NGRAM + 1)   # its start only
+    # the start, a guess, gives way to the sequence's own match of two tokens or more
+    both = Lookup(prediction=Prediction([5, 6, 7], prompt_len=4))
+    assert both.find([1, 2, 3, 4, 8, 9, 8, 9], 2) == ([8, 9], 2) and both.source == "sequence"
+    assert both.find([1, 2, 3, 4, 8, 9, 8, 9, 1], 2) == ([5, 6], 2 * MAX_NGRAM + 1)
+
+
+def test_a_rejected_start_and_the_prompts_repeats_leave_the_prediction_its_worth():
+    """An answer that opens with a preamble the prediction lacks (a code fence) rejects the
+    prediction's start, and the file quoted in the prompt offers the same text as a repeat
+    that may fail too: neither may cost the prediction, re-anchored after the preamble, its
+    turn. Its start and the sequence's own repeats are learnt apart from it (lookup.py,
+    learning.Sources). With one Acceptance for every class, as before, the third round
+    below drafted none of it and a model draft of 0.3 target steps a token drafted instead."""
+    cost = CostModel(target_step=1.0, draft_step=0.3,
+                     verify=tuple(1.0 + 0.05 * k for k in range(9)))
+
+    def rounds(lookup, start_class):
+        sched = AdaptiveK(cost, 8, Acceptance.starting_at(0.95), RoundTimes.from_cost(cost, 8),
+                          lookup=lookup)
+        taken = []
+        for matched in (start_class, MAX_NGRAM, 2 * MAX_NGRAM):   # start, repeat, re-anchored
+            sched.next_k()
+            taken.append(sched.take_lookup(matched, 7, 8))
+            sched.observe(taken[-1], 0)                # each rejected at its first token
+        return taken
+
+    apart = Sources(Acceptance(), Acceptance.starting_at(PREDICTION_PRIOR), MAX_NGRAM + 1)
+    assert rounds(apart, 2 * MAX_NGRAM + 1)[2] > 0
+    assert rounds(Acceptance.starting_at(PREDICTION_PRIOR), 2 * MAX_NGRAM)[2] == 0   # as before
+    # declined, a prediction's worth drifts back to the client's claim, not to the prior's 0.5
+    worth = Acceptance.starting_at(PREDICTION_PRIOR)
+    worth.observe_run(7, 0, 2 * MAX_NGRAM)
+    for _ in range(200):
+        worth.forget()
+    assert worth.alpha == pytest.approx(PREDICTION_PRIOR, abs=0.01)
+
+
+def test_a_preamble_the_prediction_lacks_does_not_stop_it_drafting(gen):
+    """The target's own answer as the prediction, less its first tokens (the answer opens with
+    what the client did not predict): after that start is rejected, the rest is drafted from
+    the prediction and accepted."""
+    accepted = predicted = 0
+    for prompt in PROMPTS:
+        alone = gen.generate(prompt, max_new_tokens=48, k=0).token_ids
+        res = gen.generate(prompt, max_new_tokens=48, k="auto", prediction=alone[3:])
+        assert res.token_ids == alone
+        accepted += res.stats.prediction_accepted
+        predicted += max(len(alone) - 4, 0)          # all but the preamble and the last
+    # (75 of 90 here; 17 when the first token of the preamble anchored the prediction at that
+    # token's first occurrence in it, and the start was never offered again)
+    assert accepted >= 0.6 * predicted, (accepted, predicted)
 
 
 @pytest.mark.parametrize("k", [4, "auto"])
