@@ -57,8 +57,11 @@ PREFILL_BUDGET = 256          # prompt tokens prefilled per round (a chunk; docs
 # AdaptiveK re-plans (§6): worked out every round it cost 0.1-0.3 ms at 4 rows on this 2-core
 # machine at load 6-8 (numpy on arrays of a few numbers; 2026-12-04), 2-4% of a 4-row round of
 # the demo target, and auto with nothing drafted ran at 0.96-0.97 of k=0 (batch_bench, a
-# useless draft)
+# useless draft). A plan that came out as the last one did (the same k for the same rows)
+# stands twice as long, up to REPLAN_LONGEST rounds: on a cache-resident tiny target (rounds
+# of 0.3 ms, nothing drafted) the plans made every 8 rounds cost ~9% of k=0's tokens/s
 REPLAN_EVERY = 8
+REPLAN_LONGEST = 64
 REPLAN_ALPHA = 0.03
 
 
@@ -150,6 +153,7 @@ class Batch:
         self._cap: int | None = None             # this round's cap on k (None: none)
         self._planned: tuple = ()                # ((prices, ids), alphas, k) of the last plan
         self._plan_rounds = 0                    # rounds left before it is made again
+        self._plan_every = REPLAN_EVERY          # ... of how many it stands in all
         if k == "auto":                  # measured now, not in the middle of a round
             self.calibrate()
 
@@ -335,7 +339,10 @@ class Batch:
                               self.gen.manifest.max_draft)
             for seq, feed in zip(run, feeding):
                 seq.row.drafter.fed = feed
-            self._planned, self._plan_rounds = (key, alphas, k), REPLAN_EVERY - 1
+            same = bool(self._planned) and self._planned[0] == key and self._planned[2] == k
+            self._plan_every = min(2 * self._plan_every, REPLAN_LONGEST) if same \
+                else REPLAN_EVERY
+            self._planned, self._plan_rounds = (key, alphas, k), self._plan_every - 1
         return None if len(run) == 1 else k
 
     def calibrate(self) -> None:

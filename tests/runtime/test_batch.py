@@ -283,6 +283,30 @@ def test_batch_cost_model_prices_each_batch_size(bundle_factory):
         assert batch._batch_k(run, 2) == 0
 
 
+def test_a_plan_that_comes_out_the_same_stands_longer(bundle_factory, monkeypatch):
+    """k="auto" in a batch re-plans every REPLAN_EVERY rounds; a plan that came out as the last
+    one did stands twice as long each time, up to REPLAN_LONGEST (at prices where drafting
+    never pays, 96 rounds of 4 rows made 12 plans, each ~0.3 ms: 9% of a tiny target's
+    rounds). Rows joining re-plan at once, and the rows are what they are alone."""
+    import ssd_runtime.batch as batch_module
+    from ssd_runtime.scheduler.batch_cost import BatchCost
+
+    plans = []
+    real = batch_module.plan
+    monkeypatch.setattr(batch_module, "plan", lambda *a: plans.append(1) or real(*a))
+    gen = Generator.load(bundle_factory("llama", "llama_cut"), max_batch=4, threads=1)
+    prompts = [prompt_ids(40), prompt_ids(7), prompt_ids(9), prompt_ids(20)]
+    alone = [gen.generate(p, max_new_tokens=96, k=0).token_ids for p in prompts]
+    compute_bound = ((1, 1e-3), (9, 9e-3))              # drafting never pays
+    gen._batch_costs = {r: BatchCost(r, 1e-3, compute_bound) for r in (1, 2, 4)}
+    gen._live_costs, gen._draft_prefill = {}, 0.0
+    results = gen.generate_batch(prompts, max_new_tokens=96, k="auto", draft_source="model")
+    assert [r.token_ids for r in results] == alone
+    assert all(r.stats.drafted == 0 for r in results)
+    # 4 rows for 96 rounds: plans at rounds 0, 8, 24, 56 (and one per newcomer's prefill)
+    assert len(plans) <= 8, len(plans)
+
+
 def test_a_newcomer_whose_drafts_would_not_pay_for_its_prefill_decodes_at_k0(bundle_factory):
     """k="auto" in a batch (batch_cost.fed): at prices where rounds of 4 rows pay for drafting
     but the draft's prefill of each newcomer's prompt costs more than its drafts could save,
