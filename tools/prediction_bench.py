@@ -24,6 +24,11 @@ in a server, but not from one mode into another. Reported per mode: tokens/s, th
 over "none", accepted/rejected prediction tokens; per file: whether each answer is the
 target alone's (it must be), and whether the model returned the edited slice ("faithful").
 
+Code edits asked of a base model (--chat --plain: no chat template; Gemma 3 270M here): the
+same request as plain text that opens the answer's fence itself ("Here is a Python file: ...
+The same file with the function `X` renamed to `Y` ...:\n\n```python\n"), so the answer
+is the file itself and "original" is what a client would send.
+
 Every answer is checked against the target alone (k=0) and greedy; tokens/s are decode
 seconds summed over the files, the best of --repeat runs.
 """
@@ -49,6 +54,8 @@ CHAT_MODES = (("target alone", 0, lambda code, alone: None),
               ("own answer", "auto", lambda code, alone: alone.token_ids))
 ASK = ("Rename the function `{old}` to `{new}` in this Python code, including where it is "
        "called. Return the whole code with that change, nothing else.\n\n```python\n{code}```")
+ASK_PLAIN = ("Here is a Python file:\n\n```python\n{code}```\n\nThe same file with the "
+             "function `{old}` renamed to `{new}`, including where it is called:\n\n```python\n")
 
 
 def main() -> None:
@@ -61,6 +68,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--chat", action="store_true", help="chat code edits (see above)")
     ap.add_argument("--chat-template-from", default=None)
+    ap.add_argument("--plain", action="store_true",
+                    help="--chat on a base model: the request as plain text (see above)")
     ap.add_argument("--slice", default="300:420", help="tokens of each file's slice, LO:HI")
     ap.add_argument("--max-new-tokens", type=int, default=800)
     ap.add_argument("--json", type=Path, default=None, help="--chat: per-file results here")
@@ -106,16 +115,19 @@ def completions(gen: Generator, files: list[str], args: argparse.Namespace) -> N
 def chat_edits(gen: Generator, files: list[str], args: argparse.Namespace) -> None:
     from transformers import AutoTokenizer
 
-    template = AutoTokenizer.from_pretrained(args.chat_template_from
-                                             or str(Path(args.bundle) / "tokenizer"))
+    template = None if args.plain else AutoTokenizer.from_pretrained(
+        args.chat_template_from or str(Path(args.bundle) / "tokenizer"))
     lo, hi = (int(x) for x in args.slice.split(":"))
     rows, asks = [], []
     for name in files:
         code, old = _slice(gen, Path(name).read_text(), lo, hi)
         new = f"{old}_renamed"
-        messages = [{"role": "user", "content": ASK.format(old=old, new=new, code=code)}]
-        ids = gen.encode(template.apply_chat_template(messages, add_generation_prompt=True,
-                                                      tokenize=False))
+        if template is None:
+            ids = gen.encode(ASK_PLAIN.format(old=old, new=new, code=code))
+        else:
+            messages = [{"role": "user", "content": ASK.format(old=old, new=new, code=code)}]
+            ids = gen.encode(template.apply_chat_template(messages, add_generation_prompt=True,
+                                                          tokenize=False))
         budget = min(args.max_new_tokens, gen.manifest.max_context - len(ids) - 1)
         alone = gen.generate(ids, max_new_tokens=budget, k=0)     # the reference
         asks.append((ids, budget, code, alone))

@@ -25,6 +25,10 @@ from .drafting import Drafter, Schedule, call
 from .logprobs import Logprobs
 from .rules import Rule
 
+# tokens a draft left behind may catch up on whenever it drafts (a round's worth: its prefill
+# costs about a draft step); further behind, see decode
+FREE_CATCH_UP = 16
+
 
 @dataclass
 class Stats:
@@ -347,12 +351,22 @@ def decode(target: ModelSession, drafter: Drafter, rule: Rule, prompt: list[int]
     spent = stats.seconds
     spent["prefill"] = perf_counter() - start
     decode_start = perf_counter()
+    dry = 0                                  # rounds in a row that lookup drafted nothing for
     try:
         while True:
-            if row.room(loop.max_context) <= 0:
+            room = row.room(loop.max_context)
+            if room <= 0:
                 stats.stop_reason = "length" if row.produced >= max_new_tokens else "context"
                 return
+            # a draft that rounds of lookup alone left behind catches up (a prefill of all it
+            # missed: 0.8 s for 270 tokens of SmolLM2's int8 copy) only after a round that
+            # lookup found nothing for, and never past what the sequence may still emit:
+            # where lookup pauses for one token (an edit in a predicted file, its end before
+            # EOS) it would buy a token or two (a batch prices this, batch_cost.plan)
+            behind = len(row.seq) - 1 - drafter.draft_len
+            drafter.fed = behind <= room and (behind <= FREE_CATCH_UP or dry >= 1)
             new = loop.round([row])[0]
+            dry = 0 if drafter.from_lookup else dry + 1
             yield new
             if new[-1] in eos_ids:
                 stats.stop_reason = "eos"
