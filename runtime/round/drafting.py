@@ -30,6 +30,8 @@ class Schedule(Protocol):
     this round; docs/design.md §4): the round's k, lookup's share of it, whether to keep
     drafting, and what the round came to."""
 
+    adaptive: bool      # whether it prices its drafts (auto) or drafts as asked (a fixed k)
+
     @property
     def uses_draft(self) -> bool: ...
 

@@ -362,9 +362,11 @@ def decode(target: ModelSession, drafter: Drafter, rule: Rule, prompt: list[int]
             # missed: 0.8 s for 270 tokens of SmolLM2's int8 copy) only after a round that
             # lookup found nothing for, and never past what the sequence may still emit:
             # where lookup pauses for one token (an edit in a predicted file, its end before
-            # EOS) it would buy a token or two (a batch prices this, batch_cost.plan)
+            # EOS) it would buy a token or two (a batch prices this, batch_cost.plan; a fixed
+            # k drafts as asked)
             behind = len(row.seq) - 1 - drafter.draft_len
-            drafter.fed = behind <= room and (behind <= FREE_CATCH_UP or dry >= 1)
+            drafter.fed = not schedule.adaptive or \
+                behind <= room and (behind <= FREE_CATCH_UP or dry >= 1)
             new = loop.round([row])[0]
             dry = 0 if drafter.from_lookup else dry + 1
             yield new

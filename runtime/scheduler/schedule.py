@@ -23,6 +23,7 @@ class FixedK:
     k: int
     model: bool = True
     learnt: Acceptance | None = None      # the draft model's acceptance
+    adaptive = False                      # drafts as asked (no pricing of its own)
     lookup: Acceptance | Sources | None = None      # lookup tokens'
     _taken: int = 0
     _matched: int = 0
@@ -148,6 +149,7 @@ class AdaptiveK:
     times: RoundTimes | None = None
     lookup: Acceptance | Sources | None = None
     model: bool = True
+    adaptive = True                       # prices what it drafts
     _k: int = 0                   # this round's cap on drafted tokens (0: no model draft)
     _survive: float = 1.0
     _tops: list[float] = field(default_factory=list)

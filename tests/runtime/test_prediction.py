@@ -103,6 +103,35 @@ def test_a_preamble_the_prediction_lacks_does_not_stop_it_drafting(gen):
     assert accepted >= 0.6 * predicted, (accepted, predicted)
 
 
+def test_a_draft_left_behind_by_a_prediction_does_not_catch_up_for_its_last_token(
+        bundle_factory, monkeypatch):
+    """An answer the prediction covers but for its last token: every round drafts from the
+    prediction, the draft model sees none of it, and the last round (the prediction spent)
+    decodes one token plainly rather than prefilling the whole answer into the draft to draft
+    it (loop.decode, design §6). Before, that round cost a catch-up of 40-odd tokens here."""
+    gen = Generator.load(bundle_factory("llama", "llama_cut"), threads=1)   # its own prices
+    gen.cost_model()                                # the calibration's calls aside
+    # prices and an acceptance at which the model's drafts pay whenever lookup has none
+    gen._cost = CostModel(target_step=1.0, draft_step=0.05,
+                          verify=tuple(1.0 + 0.01 * k for k in range(9)))
+    gen._learnt["greedy"] = Acceptance(accepted=90.0, rejected=10.0, measured=True)
+    fed = []
+    draft = gen.draft
+    for name in ("forward", "prefill"):
+        real = getattr(draft, name)
+        monkeypatch.setattr(draft, name, lambda ids, *a, real=real, **kw:
+                            fed.append(len(ids)) or real(ids, *a, **kw))
+    for prompt in PROMPTS:
+        alone = gen.generate(prompt, max_new_tokens=48, k=0, ignore_eos=True).token_ids
+        fed.clear()
+        res = gen.generate(prompt, max_new_tokens=48, k="auto", prediction=alone[:-1],
+                           ignore_eos=True, draft_source="model")   # no lookup in the text
+        assert res.token_ids == alone
+        assert res.stats.prediction_accepted >= 0.8 * (len(alone) - 1)
+        # what the draft was fed in one call: a round's worth at most (k + the pending token)
+        assert max(fed, default=0) <= gen.manifest.max_draft + 1, (prompt, fed)
+
+
 @pytest.mark.parametrize("k", [4, "auto"])
 def test_greedy_with_a_prediction_is_the_target_alone(gen, k):
     accepted = 0
