@@ -20,7 +20,6 @@ grows), never wrong; a schema carrying llguidance's own options ("x-guidance") g
 from __future__ import annotations
 
 import bisect
-import json
 import math
 from dataclasses import dataclass
 from typing import Any, Iterable
