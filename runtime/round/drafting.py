@@ -129,8 +129,8 @@ class Drafter:
                     self.from_prediction = taken
                 # the model extends them where its tokens pay (extend_lookup) and it is in
                 # step: a draft that rounds of lookup alone left behind would first prefill
-                # all it missed, which the marginal rule does not price (after an exact
-                # prediction's 600 tokens, 1.7 s for one model token on SmolLM2's int8 copy)
+                # all it missed, which the marginal rule does not price (design §6, "A draft
+                # left behind by lookup")
                 behind = len(seq) - 1 - self.draft_len
                 if not (self.fed and self.extends_lookup and behind <= k
                         and schedule.extend_lookup(taken, k)):
