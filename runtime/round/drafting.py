@@ -71,6 +71,9 @@ class Drafter:
         # draft is behind where catching up costs more than its drafts save (batch_cost.plan);
         # the row then drafts lookup's tokens only, which need no draft
         self.fed = True
+        # this round only (Loop.round, under auto): a draft that lookup's rounds left far
+        # behind waits for lookup to pause before it pays its catch-up; lookup still drafts
+        self.waits = False
         target_vocab, draft_vocab = vocab or (0, 0)
         self.cut = target_vocab if draft_vocab > target_vocab else None   # draft rows to keep
         self.unknown = draft_vocab if target_vocab > draft_vocab else None   # ids to replace
@@ -132,12 +135,13 @@ class Drafter:
                 # all it missed, which the marginal rule does not price (design §6, "A draft
                 # left behind by lookup")
                 behind = len(seq) - 1 - self.draft_len
-                if not (self.fed and self.extends_lookup and behind <= k
+                if not (self.fed and not self.waits and self.extends_lookup and behind <= k
                         and schedule.extend_lookup(taken, k)):
                     self.synced = False            # the draft has not seen these
                     return found[:taken], [None] * taken, 0
                 return found[:taken], [None] * taken, k - taken
-        return [], [], max(0, min(k, schedule.model_cap)) if self.fed else 0
+        return [], [], max(0, min(k, schedule.model_cap)) if self.fed and not self.waits \
+            else 0
 
     def bet(self, drafts: list[int]) -> None:
         """Called while the target verifies `drafts`; the sequential drafter waits."""

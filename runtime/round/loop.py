@@ -26,7 +26,7 @@ from .logprobs import Logprobs
 from .rules import Rule
 
 # tokens a draft left behind may catch up on whenever it drafts (a round's worth: its prefill
-# costs about a draft step); further behind, see decode
+# costs about a draft step); further behind, see Loop.round
 FREE_CATCH_UP = 16
 
 
@@ -108,6 +108,7 @@ class Row:
     left: int = 0                 # model tokens it may still draft this round
     feed: list[int] = field(default_factory=list)       # what its next draft step takes
     logprobs: Logprobs | None = None                     # the target's, when asked for
+    dry: int = 0                  # rounds in a row that lookup drafted nothing for
 
     @property
     def slot(self) -> int:
@@ -155,7 +156,17 @@ class Loop:
             k = 0 if cap == 0 else row.schedule.next_k()
             if cap is not None:
                 k = min(k, cap)
-            row.k = max(0, min(k, row.room(self.max_context) - 1, most))
+            room = row.room(self.max_context)
+            row.k = max(0, min(k, room - 1, most))
+            if row.schedule.adaptive:
+                # a draft that rounds of lookup alone left behind catches up (a prefill of
+                # all it missed: 0.8 s for 270 tokens of SmolLM2's int8 copy) only after a
+                # round that lookup found nothing for, and never past what the sequence may
+                # still emit: where lookup pauses for one token (an edit in a predicted
+                # file, its end before EOS) it would buy a token or two (design §6; a
+                # fixed k drafts as asked)
+                behind = len(row.seq) - 1 - row.drafter.draft_len
+                row.drafter.waits = behind > room or behind > FREE_CATCH_UP and not row.dry
             row.drafts, row.probs, row.left = row.drafter.start(row.seq, row.k)
         steps = self._draft(rows, span)
         t1 = perf_counter()
@@ -183,6 +194,7 @@ class Loop:
             if row.logprobs is not None:         # row i of the verification emitted new[i]
                 row.logprobs.add(rows_logits, new)
             st = row.stats
+            row.dry = 0 if row.drafter.from_lookup else row.dry + 1
             st.rounds += 1
             st.target_calls += 1
             st.drafted += len(d)
@@ -351,24 +363,12 @@ def decode(target: ModelSession, drafter: Drafter, rule: Rule, prompt: list[int]
     spent = stats.seconds
     spent["prefill"] = perf_counter() - start
     decode_start = perf_counter()
-    dry = 0                                  # rounds in a row that lookup drafted nothing for
     try:
         while True:
-            room = row.room(loop.max_context)
-            if room <= 0:
+            if row.room(loop.max_context) <= 0:
                 stats.stop_reason = "length" if row.produced >= max_new_tokens else "context"
                 return
-            # a draft that rounds of lookup alone left behind catches up (a prefill of all it
-            # missed: 0.8 s for 270 tokens of SmolLM2's int8 copy) only after a round that
-            # lookup found nothing for, and never past what the sequence may still emit:
-            # where lookup pauses for one token (an edit in a predicted file, its end before
-            # EOS) it would buy a token or two (a batch prices this, batch_cost.plan; a fixed
-            # k drafts as asked)
-            behind = len(row.seq) - 1 - drafter.draft_len
-            drafter.fed = not schedule.adaptive or \
-                behind <= room and (behind <= FREE_CATCH_UP or dry >= 1)
             new = loop.round([row])[0]
-            dry = 0 if drafter.from_lookup else dry + 1
             yield new
             if new[-1] in eos_ids:
                 stats.stop_reason = "eos"

@@ -3,6 +3,7 @@
 The output stays exactly the target alone's, whatever the prediction; a right one is accepted."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from ssd_runtime import ConfigError, Generator
@@ -117,12 +118,14 @@ def test_a_draft_left_behind_by_a_prediction_does_not_catch_up_for_its_last_toke
     gen._learnt["greedy"] = Acceptance(accepted=90.0, rejected=10.0, measured=True)
     fed = []
     draft = gen.draft
-    for name in ("forward", "prefill"):
+    for name in ("forward", "prefill", "forward_rows"):
         real = getattr(draft, name)
         monkeypatch.setattr(draft, name, lambda ids, *a, real=real, **kw:
-                            fed.append(len(ids)) or real(ids, *a, **kw))
+                            fed.append(np.shape(ids)[-1]) or real(ids, *a, **kw))
+    every = []
     for prompt in PROMPTS:
         alone = gen.generate(prompt, max_new_tokens=48, k=0, ignore_eos=True).token_ids
+        every.append(alone)
         fed.clear()
         res = gen.generate(prompt, max_new_tokens=48, k="auto", prediction=alone[:-1],
                            ignore_eos=True, draft_source="model")   # no lookup in the text
@@ -130,6 +133,14 @@ def test_a_draft_left_behind_by_a_prediction_does_not_catch_up_for_its_last_toke
         assert res.stats.prediction_accepted >= 0.8 * (len(alone) - 1)
         # what the draft was fed in one call: a round's worth at most (k + the pending token)
         assert max(fed, default=0) <= gen.manifest.max_draft + 1, (prompt, fed)
+    # the same in a batch (ssd-serve's path): the rule is the loop's, for every row
+    gen.generate_batch(PROMPTS, max_new_tokens=2, k="auto")      # its calibration aside
+    fed.clear()
+    results = gen.generate_batch([{"prompt": p, "prediction": a[:-1]}
+                                  for p, a in zip(PROMPTS, every)], max_new_tokens=48,
+                                 k="auto", ignore_eos=True, draft_source="model")
+    assert [r.token_ids for r in results] == every
+    assert max(fed, default=0) <= gen.manifest.max_draft + 1, fed
 
 
 @pytest.mark.parametrize("k", [4, "auto"])
