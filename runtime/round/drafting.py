@@ -123,6 +123,7 @@ class Drafter:
         self.from_lookup = self.from_prediction = 0
         self.synced = True
         schedule = self.schedule
+        model = self.fed and not self.waits        # the draft model drafts this round
         if self.lookup is not None and k > 0:
             found, matched = self.lookup.find(seq, k)
             taken = schedule.take_lookup(matched, len(found), k) if found else 0
@@ -135,13 +136,12 @@ class Drafter:
                 # all it missed, which the marginal rule does not price (design §6, "A draft
                 # left behind by lookup")
                 behind = len(seq) - 1 - self.draft_len
-                if not (self.fed and not self.waits and self.extends_lookup and behind <= k
+                if not (model and self.extends_lookup and behind <= k
                         and schedule.extend_lookup(taken, k)):
                     self.synced = False            # the draft has not seen these
                     return found[:taken], [None] * taken, 0
                 return found[:taken], [None] * taken, k - taken
-        return [], [], max(0, min(k, schedule.model_cap)) if self.fed and not self.waits \
-            else 0
+        return [], [], max(0, min(k, schedule.model_cap)) if model else 0
 
     def bet(self, drafts: list[int]) -> None:
         """Called while the target verifies `drafts`; the sequential drafter waits."""

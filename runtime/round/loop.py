@@ -158,7 +158,7 @@ class Loop:
                 k = min(k, cap)
             room = row.room(self.max_context)
             row.k = max(0, min(k, room - 1, most))
-            if row.schedule.adaptive:
+            if row.k and row.schedule.adaptive:
                 # a draft that rounds of lookup alone left behind catches up (a prefill of
                 # all it missed: 0.8 s for 270 tokens of SmolLM2's int8 copy) only after a
                 # round that lookup found nothing for, and never past what the sequence may
