@@ -5,7 +5,7 @@ the first bundle (the float target alone).
 
     python tools/drafts_bench.py --bundle distilled=B1 --bundle int8-self=B2 \
         --k 0,4,auto --lookup --prompts tools/data/distill_bench_prompts.jsonl \
-        --max-new-tokens 128 --threads 2 --repeats 2 --json docs/distill-bench.json
+        --max-new-tokens 128 --threads 2 --repeats 2 --json docs/results/distill-bench.json
 
 Prompts: JSONL of {"prompt": text} or {"messages": [...]}; messages are rendered with the
 target's chat template (`--chat-template-from` a Hugging Face folder, else the first bundle's
