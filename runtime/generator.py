@@ -16,25 +16,19 @@ from .backends.select import CUDA_PROVIDER
 from .batch import Batch
 from .errors import ConfigError
 from .manifest import Manifest, read_manifest
-from .request import GenerationResult, Mode, Request
-from .round.acceptance import GreedyAcceptance, InvariantSampling, SamplingAcceptance
+from .request import GenerationResult, Mode, Request, check_settings, make_rule
 from .round.drafting import Drafter, Schedule, SplitDrafter
 from .round.features import HeadDrafter, attach
-from .round.heads import FusedGreedyAcceptance, FusedSamplingAcceptance, HeadSessions
+from .round.heads import HeadSessions
 from .round.logprobs import MAX_TOP, Logprobs
-from .round.lookup import DRAFT_SOURCES, MAX_NGRAM, PREDICTION_PRIOR, Lookup
-from .round.loop import Stats, decode
+from .round.lookup import DRAFT_SOURCES, Lookup
+from .round.loop import Stats
 from .round.grammar import Constraint, tokenizer_for
 from .round.schema_length import TokenPieces
-from .round.processors import Processors
 from .round.rules import Rule
 from .round.sampling import SamplingParams
-from .scheduler.batch_cost import BatchCost, LiveCost, Realized
-from .scheduler.calibration import calibrate
-from .scheduler.cost import CostModel
-from .scheduler.learning import Acceptance, Sources
-from .scheduler.schedule import AdaptiveK, FixedK, RoundTimes
-from .text import TextCodec, TextStream
+from .scheduler.planner import Knowledge
+from .text import TextCodec
 
 DRAFTERS = {"sequential": Drafter, "split": SplitDrafter}
 _SPLIT_HEAD = ("mode='split' cannot draft with a feature-level head: its first draft reads the "
@@ -66,14 +60,10 @@ class Generator:
         self.last_result: GenerationResult | None = None
         self._grammar_tokenizer: Any = None          # llguidance's, for response_format
         self._token_pieces: TokenPieces | None = None   # its tokens' bytes, for least lengths
-        self._cost: CostModel | None = None
-        self._learnt: dict[str, Acceptance] = {}     # k="auto": what earlier calls saw
-        self._times: dict[str, RoundTimes] = {}      # ... and how long their rounds took, by mode
-        self._busy = threading.Lock()                # held while a sequence decodes
-        self._batch_costs: dict[int, BatchCost] = {}  # batch.py: a BatchCost per batch size
-        self._live_costs: dict[int, LiveCost] = {}    # ... corrected by the batches' rounds
-        self._realized: dict[int, Realized] = {}      # ... and what they gave, per row count
-        self._draft_prefill: float | None = None     # ... and the draft's prefill, s a token
+        # what k="auto" learns and measures, for every sequence and batch (the planner's)
+        self.knowledge = Knowledge(self.target, self.draft, manifest, self.measurement_key,
+                                   recalibrate, self.max_batch)
+        self._busy = threading.Lock()                # held while a batch holds the slots
         # a feature-level head reads the target's features, which the target's calls leave in
         # this store (round/features.py, docs/design.md §14)
         self.features = attach(self.target, self.draft, self.max_batch) \
@@ -108,8 +98,8 @@ class Generator:
                  k: int | Literal["auto"] = "auto", **settings: Any) -> GenerationResult:
         """The whole generation at once; `settings` are stream()'s (temperature, top_k, top_p,
         seed, stop, mode, the logits processors, ignore_eos)."""
-        for _ in self._pieces(self.request(prompt, max_new_tokens, k, **settings),
-                              pieces=False):
+        for _ in self._alone(self.request(prompt, max_new_tokens, k, **settings),
+                             pieces=False):
             pass
         assert self.last_result is not None
         return self.last_result
@@ -120,7 +110,7 @@ class Generator:
         `settings` are request()'s: temperature, top_k, top_p, seed, stop, mode,
         repetition/presence/frequency penalties, logit_bias, min_new_tokens, ignore_eos,
         coupling. Bad settings raise ConfigError here, before the first piece."""
-        return self._pieces(self.request(prompt, max_new_tokens, k, **settings))
+        return self._alone(self.request(prompt, max_new_tokens, k, **settings))
 
     def request(self, prompt: str | Sequence[int], max_new_tokens: int = 128,
                 k: int | Literal["auto"] = "auto",
@@ -181,7 +171,7 @@ class Generator:
             raise ConfigError(f"draft_source={draft_source!r} is unknown; choose one of "
                               f"{', '.join(DRAFT_SOURCES)}.")
         ids = self._prompt_ids(prompt)
-        self._check(k, max_new_tokens, stop)
+        check_settings(k, self.manifest.max_draft, max_new_tokens, stop)
         mode = self.mode if mode is None else _checked_mode(mode)
         vocab = self.manifest.target.vocab_size
         if any(token >= vocab for token, _ in params.logit_bias):
@@ -253,7 +243,8 @@ class Generator:
         assert all(r is not None for r in results)
         return results  # type: ignore[return-value]
 
-    def _release_batch(self, batch: Batch) -> None:
+    def release(self) -> None:
+        """A batch gives the slots back (Batch.close)."""
         self._busy.release()
 
     def _take(self, what: str) -> None:
@@ -277,40 +268,24 @@ class Generator:
                 "top_p": g.get("top_p", 1.0) if sample else 1.0,
                 "repetition_penalty": g.get("repetition_penalty", 1.0)}
 
-    def _pieces(self, req: Request, pieces: bool = True) -> Iterator[str]:
-        """One user of the KV slots at a time: a second stream decoding beside the first
-        (interleaved, or from another thread) would overwrite its rows and give wrong tokens.
-        Taken when decoding starts, freed when the stream ends or is closed."""
+    def _alone(self, req: Request, pieces: bool = True) -> Iterator[str]:
+        """One sequence: a batch of one slot, stepped until it ends (`last_result`). One user
+        of the KV slots at a time: a second stream decoding beside the first would overwrite
+        its rows. Taken when decoding starts, freed when the stream ends or is closed."""
         self._take("another sequence")
         try:
-            yield from self._decode(req, pieces)
-        finally:
+            batch = Batch(self, req.k, 1)
+        except BaseException:
             self._busy.release()
-
-    def _decode(self, req: Request, pieces: bool = True) -> Iterator[str]:
-        ids, rule, eos_ids, k, mode = req.ids, req.rule, req.eos_ids, req.k, req.mode
-        stats = Stats(backend=self.backend, k=k, prompt_tokens=len(ids), mode=mode,
-                      threads=f"{self.target.threads}:{self.draft.threads}")
-        text = TextStream(self.codec, req.stop, pieces)
-        lookup = req.lookup()
-        schedule = self.schedule(req)
-        drafter = self.drafter(rule, schedule, lookup, 0, mode)
-        rounds = decode(self.target, drafter, rule, ids, req.max_new_tokens, schedule, eos_ids,
-                        stats, req.logprobs)
-        try:
-            for new in rounds:
-                if piece := text.push(new):
-                    yield piece
-                if text.stopped:
-                    break
-        finally:
-            rounds.close()
-        if tail := text.flush():
-            yield tail
-        if text.stopped:
-            stats.stop_reason = "stop"
-        self.last_result = GenerationResult(text.ids, text.text, stats.stop_reason, stats,
-                                            logprobs=req.kept(text.ids))
+            raise
+        with batch:
+            batch.submit(req, pieces)
+            while batch.active:
+                for event in batch.step():
+                    if event.text:
+                        yield event.text
+                    if event.result is not None:
+                        self.last_result = event.result
 
     def drafter(self, rule: Rule, schedule: Schedule, lookup: Lookup | None, slot: int,
                 mode: Mode = "sequential") -> Drafter:
@@ -322,62 +297,8 @@ class Generator:
             return HeadDrafter(self.draft, rule, schedule, vocab, lookup, slot, self.features)
         return DRAFTERS[mode](self.draft, rule, schedule, vocab, lookup, slot)
 
-    def schedule(self, req: Request, own: bool = False) -> AdaptiveK | FixedK:
-        """A sequence's schedule. A fixed k learns afresh each call: its drafts (and so a
-        seeded rejection-rule run's tokens) depend on this call alone, not on what earlier
-        calls saw. k="auto" starts from what earlier calls learnt: acceptance per decoding
-        kind (greedy, sampled, invariant) and source, round times per mode; `own` (a batch's
-        sequences, several at once) learns on a copy, which the batch keeps when the sequence
-        ends."""
-        auto, kind = req.k == "auto", req.kind
-        # the sequence's own lookup: learnt across calls under auto (a fixed k's drafts
-        # depend on its call alone), on a copy of its own in a batch
-        lookup = self._learnt.setdefault(f"{kind}/lookup", Acceptance()) \
-            if auto and not own and req.source != "model" else Acceptance()
-        if req.prediction is not None:
-            # a prediction's worth is its own request's: it starts from the client's claim
-            # that the output follows it, and is learnt apart as its tokens are judged
-            lookup = Sources(lookup, Acceptance.starting_at(PREDICTION_PRIOR), MAX_NGRAM + 1)
-        if not auto:
-            return FixedK(req.k, req.source != "lookup", self.prior(), lookup)
-        cost, max_draft = self.cost_model(), self.manifest.max_draft
-        if req.mode not in self._times:
-            self._times[req.mode] = RoundTimes.from_cost(cost, max_draft)
-        learnt = self.learnt(kind).carried() if own else self.learnt(kind)
-        if req.source == "model" and req.prediction is None:
-            lookup = None
-        return AdaptiveK(cost, max_draft, learnt, self._times[req.mode], lookup=lookup,
-                         model=req.source != "lookup")
-
-    def learnt(self, kind: str) -> Acceptance:
-        """What k="auto" knows of the draft's acceptance for a decoding kind: what earlier
-        calls learnt, else the export's measured agreement of the pair (docs/design.md §6),
-        else the prior."""
-        if kind not in self._learnt:
-            self._learnt[kind] = self.prior()
-        return self._learnt[kind]
-
-    def prior(self) -> Acceptance:
-        """The draft's acceptance as known before decoding: the export's measured agreement
-        of the pair (manifest `pair_worth`), else the prior's 0.5."""
-        alpha = self.manifest.pair_worth.get("alpha")
-        return Acceptance.starting_at(alpha) if isinstance(alpha, (int, float)) \
-            and not isinstance(alpha, bool) else Acceptance()
-
     def encode(self, text: str) -> list[int]:
         return self.codec.encode(text)
-
-    def cost_model(self) -> CostModel:
-        """c and v(k) of this bundle on this machine: measured once, and remembered on disk
-        for the next load (docs/design.md §8.1)."""
-        if self._cost is None:
-            max_draft = self.manifest.max_draft
-            self._cost = cache.remembered(
-                self.measurement_key("cost"),
-                lambda: calibrate(self.target, self.draft, max_draft),
-                CostModel.record, lambda data: CostModel.from_record(data, max_draft),
-                redo=self.recalibrate)
-        return self._cost
 
     def measurement_key(self, what: str, **more: Any) -> dict[str, Any] | None:
         """What a timing of this generator's sessions is remembered under (cache.py): the
@@ -448,41 +369,6 @@ class Generator:
                               f"{prompt_len}. ---> HINT: predict only the part of the output "
                               f"you expect, or shorten the prompt.")
         return ids or None
-
-    def _check(self, k: int, max_new_tokens: int, stop: Sequence[str] | None) -> None:
-        if k == "auto":
-            pass
-        elif not isinstance(k, int) or isinstance(k, bool) or k < 0 or k > self.manifest.max_draft:
-            above = isinstance(k, int) and not isinstance(k, bool) and k > 0
-            raise ConfigError(f"k={k!r} is outside [0, {self.manifest.max_draft}], the bundle's "
-                              f"max_draft, and is not 'auto'. ---> HINT: use k='auto' or a k "
-                              f"in that range" + (f", or re-export with ssd-export --max-draft "
-                                                  f"{k}." if above else "."))
-        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) \
-                or max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be a positive integer.")
-        if stop is not None and (isinstance(stop, str) or
-                                 not all(isinstance(s, str) for s in stop)):
-            raise ConfigError(f"stop={stop!r} must be a list of strings.")
-
-
-def make_rule(params: SamplingParams, heads: HeadSessions | None = None,
-              prompt: list[int] = (), vocab: int = 0, eos_ids: set[int] = frozenset(),
-              constraint: Constraint | None = None) -> Rule:
-    """The host rule, or the same rule on the bundle's ONNX heads when `heads` is given (the
-    heads have no logits processors and no invariant coupling: with penalties, a bias, a
-    minimum length, a response_format or a seeded invariant run the host decides)."""
-    if heads is None or params.processed or params.invariant or constraint is not None:
-        processors = Processors(params, list(prompt), vocab, eos_ids) \
-            if params.processed or constraint is not None else None
-        if constraint is not None:
-            processors.matcher = constraint.matcher()
-        if params.greedy:
-            return GreedyAcceptance(processors)
-        if params.invariant:
-            return InvariantSampling(params, processors, vocab)
-        return SamplingAcceptance(params, processors)
-    return FusedGreedyAcceptance(heads) if params.greedy else FusedSamplingAcceptance(heads, params)
 
 
 def _checked_batch(max_batch: int, manifest: Manifest) -> int:

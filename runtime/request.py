@@ -1,16 +1,22 @@
 """One sequence to decode and what comes of it: `Request` (its prompt ids, rule and settings,
-checked by Generator.request) and `GenerationResult`. The generator and a batch both decode
-requests into results; both take these from here.
+checked by Generator.request) and `GenerationResult`; the checks of the settings every
+request shares. The engine (batch.py) decodes requests into results.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Sequence
 
+from .errors import ConfigError
+from .round.acceptance import GreedyAcceptance, InvariantSampling, SamplingAcceptance
+from .round.grammar import Constraint
+from .round.heads import FusedGreedyAcceptance, FusedSamplingAcceptance, HeadSessions
 from .round.lookup import Lookup, Prediction
 from .round.logprobs import Logprobs, TokenLogprob
 from .round.loop import Stats
+from .round.processors import Processors
 from .round.rules import Rule
+from .round.sampling import SamplingParams
 
 Mode = Literal["sequential", "split"]
 
@@ -53,3 +59,46 @@ class Request:
         prediction = None if self.prediction is None else \
             Prediction(self.prediction, len(self.ids))
         return Lookup(prediction=prediction, sequence=self.source != "model")
+
+
+def check_k(k: int | str, max_draft: int) -> None:
+    """k is "auto" or an int in [0, max_draft] (the bundle's): else a ConfigError naming it."""
+    if k == "auto":
+        return
+    if not isinstance(k, int) or isinstance(k, bool) or k < 0 or k > max_draft:
+        above = isinstance(k, int) and not isinstance(k, bool) and k > 0
+        raise ConfigError(f"k={k!r} is outside [0, {max_draft}], the bundle's max_draft, and is "
+                          f"not 'auto'. ---> HINT: use k='auto' or a k in that range"
+                          + (f", or re-export with ssd-export --max-draft {k}." if above
+                             else "."))
+
+
+def check_settings(k: int | str, max_draft: int, max_new_tokens: int,
+                   stop: Sequence[str] | None) -> None:
+    """k (check_k), a positive max_new_tokens and a list of stop strings, or a ConfigError."""
+    check_k(k, max_draft)
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) \
+            or max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be a positive integer.")
+    if stop is not None and (isinstance(stop, str) or
+                             not all(isinstance(s, str) for s in stop)):
+        raise ConfigError(f"stop={stop!r} must be a list of strings.")
+
+
+def make_rule(params: SamplingParams, heads: HeadSessions | None = None,
+              prompt: list[int] = (), vocab: int = 0, eos_ids: set[int] = frozenset(),
+              constraint: Constraint | None = None) -> Rule:
+    """The host rule, or the same rule on the bundle's ONNX heads when `heads` is given (the
+    heads have no logits processors and no invariant coupling: with penalties, a bias, a
+    minimum length, a response_format or a seeded invariant run the host decides)."""
+    if heads is None or params.processed or params.invariant or constraint is not None:
+        processors = Processors(params, list(prompt), vocab, eos_ids) \
+            if params.processed or constraint is not None else None
+        if constraint is not None:
+            processors.matcher = constraint.matcher()
+        if params.greedy:
+            return GreedyAcceptance(processors)
+        if params.invariant:
+            return InvariantSampling(params, processors, vocab)
+        return SamplingAcceptance(params, processors)
+    return FusedGreedyAcceptance(heads) if params.greedy else FusedSamplingAcceptance(heads, params)

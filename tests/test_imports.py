@@ -118,7 +118,7 @@ def test_runtime_imports_point_down_its_layers():
           for b, line in imported.items()
           if b.startswith("ssd_runtime") and runtime_layer(b) > runtime_layer(a)]
     assert not up, "imports that point up the runtime's layers (declare an interface at " \
-                   "the lower layer, as drafting.Schedule and batch.Owner do):\n" + "\n".join(up)
+                   "the lower layer, as drafting.Schedule does):\n" + "\n".join(up)
 
 
 def test_the_graph_sees_imports_of_every_kind():

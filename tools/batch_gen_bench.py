@@ -65,7 +65,7 @@ def main() -> None:
                             sum(r.stats.drafted for r in results)
                             / max(1, sum(r.stats.rounds for r in results)))
         for name, gen in gens.items():   # what the cost model measured at 8 rows (ms)
-            cost = gen._batch_costs.get(min(8, args.prompts))
+            cost = gen.knowledge.batch_costs.get(min(8, args.prompts))
             if cost is not None:
                 print(f"  {name} rows graph, {cost.rows} rows: draft step "
                       f"{cost.draft_step * 1e3:.1f} ms, V(T) "

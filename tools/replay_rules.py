@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
 
     gen = Generator.load(args.bundle, backend="cpu",
                          threads=tuple(int(t) for t in args.threads.split(":")))
-    max_k, prompts, cost = gen.manifest.max_draft, load_prompts(None), gen.cost_model()
+    max_k, prompts, cost = gen.manifest.max_draft, load_prompts(None), gen.knowledge.cost_model()
     texts = record(gen, prompts, args.max_new_tokens, top_probability)
     try:
         seconds = [float(ms) / 1e3 for ms in args.round_ms.split(",")] if args.round_ms else []

@@ -60,7 +60,7 @@ gen = G.Generator.load(sys.argv[1], backend="cpu")
 spent["load"] = time.perf_counter() - t0
 spent["rest"] = spent["load"] - spent["verify"] - spent["sessions"] - spent["threads"]
 t0 = time.perf_counter()
-gen.cost_model()
+gen.knowledge.cost_model()
 spent["calibrate"] = time.perf_counter() - t0
 spent["chosen_threads"] = f"{gen.target.threads}:{gen.draft.threads}"
 print(json.dumps(spent))

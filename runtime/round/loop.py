@@ -5,22 +5,19 @@ models' arenas (its own lengths, rule, schedule and drafter); a round drafts for
 together, one draft call per step over the rows still drafting, then verifies every row's
 `[last, d1..dk]` in one target call, and each row's rule judges its own rows. One row is a
 batch of one: its calls are the session's single-sequence forward (the logits stay where the
-backend leaves them, so the bundle's fused heads can judge them on a device). `decode` runs
-one sequence through it (Generator.generate and stream); batch.py runs many (continuous
-batching). The loop owns the lengths: the target's rows advance by j + 1 per round, the
-draft's stay at what is still valid, and rejected rows are simply overwritten later (free
-rollback).
+backend leaves them, so the bundle's fused heads can judge them on a device). The engine
+(batch.py) drives it for one sequence or many, and the planner (scheduler/planner.py) gives
+each round its cap on k. The loop owns the lengths: the target's rows advance by j + 1 per
+round, the draft's stay at what is still valid, and rejected rows are simply overwritten
+later (free rollback).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Iterator
-
 import numpy as np
 
 from ..backends.base import ModelSession
-from ..contract import PREFILL_CHUNK
 from .drafting import Drafter, Schedule, call
 from .logprobs import Logprobs
 from .rules import Rule
@@ -109,6 +106,7 @@ class Row:
     feed: list[int] = field(default_factory=list)       # what its next draft step takes
     logprobs: Logprobs | None = None                     # the target's, when asked for
     dry: int = 0                  # rounds in a row that lookup drafted nothing for
+    cap: int | None = None        # the sequence's own cap on k (a fixed k), None under auto
 
     @property
     def slot(self) -> int:
@@ -342,41 +340,3 @@ class Loop:
             real[row.slot] = len(row.drafts) + 1
             past[row.slot] = row.target_len
         return self.target.forward_rows(ids, past, real)
-
-
-def decode(target: ModelSession, drafter: Drafter, rule: Rule, prompt: list[int],
-           max_new_tokens: int, schedule: Schedule, eos_ids: set[int],
-           stats: Stats, logprobs: Logprobs | None = None) -> Iterator[list[int]]:
-    """One sequence, a batch of one through `Loop.round`: yield the tokens of each round until
-    EOS, max_new_tokens or the context end. A consumer may stop early (close the generator);
-    the stats stay consistent. `logprobs` collects the target's (logprobs.py)."""
-    start = perf_counter()
-    row = Row(list(prompt), rule, schedule, drafter, stats, eos_ids, max_new_tokens,
-              len(prompt), logprobs=logprobs)
-    ids = np.asarray(row.seq[:-1], np.int64)
-    for at in range(0, len(ids), PREFILL_CHUNK):     # chunk by chunk: a head reads the
-        call(target.prefill, ids[at:at + PREFILL_CHUNK], at, row.slot)   # target's features
-        row.target_len = min(len(ids), at + PREFILL_CHUNK)
-        if schedule.uses_draft:              # else the draft catches up if it is ever used
-            drafter.catch_up(row.seq, row.target_len)
-    loop = Loop(target, drafter.draft)
-    spent = stats.seconds
-    spent["prefill"] = perf_counter() - start
-    decode_start = perf_counter()
-    try:
-        while True:
-            if row.room(loop.max_context) <= 0:
-                stats.stop_reason = "length" if row.produced >= max_new_tokens else "context"
-                return
-            new = loop.round([row])[0]
-            yield new
-            if new[-1] in eos_ids:
-                stats.stop_reason = "eos"
-                return
-    finally:
-        drafter.close()
-        stats.draft_calls = drafter.draft_calls
-        stats.split_hits, stats.split_bets = drafter.hits, drafter.bets
-        spent["decode"] = perf_counter() - decode_start
-        spent["host"] = max(0.0, spent["decode"] - spent["draft"] - spent["verify"])
-        spent["total"] = perf_counter() - start

@@ -10,7 +10,7 @@ import logging
 import time
 from contextlib import aclosing, asynccontextmanager
 from time import perf_counter
-from typing import Any, AsyncIterator, Callable, Iterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -20,8 +20,7 @@ from ..errors import SsdError
 from ..generator import Generator
 from .chat import ChatTemplate
 from .config import ServeConfig, resolve_k
-from .batching import BatchEngine, choose_slots
-from .engine import ClientGone, Engine, Ticket
+from .batching import BatchEngine, BatchTicket, ClientGone, Job, choose_slots
 from ..round.logprobs import Logprobs, TokenLogprob
 from .logprobs import TokenNames, chat_logprobs, completion_logprobs
 from .metrics import CONTENT_TYPE, Metrics
@@ -48,9 +47,8 @@ class Server:
         self.metrics = Metrics(self.model, replica)
         self.max_batch = generator.max_batch if config.max_batch is not None \
             else choose_slots(generator, self.k)
-        self.engine: Engine | BatchEngine = \
-            BatchEngine(generator, self.k, config.max_queue, self.metrics, self.max_batch) \
-            if self.max_batch > 1 else Engine(generator, config.max_queue, self.metrics)
+        self.engine = BatchEngine(generator, self.k, config.max_queue, self.metrics,
+                                  self.max_batch)
         self.chat = ChatTemplate(generator)
         self.names = TokenNames(generator.codec)
         self.created = int(time.time())
@@ -119,7 +117,7 @@ class Server:
         return chat_logprobs(tokens, self.names) if chat else \
             completion_logprobs(tokens, self.names, offset)
 
-    async def _complete(self, request: Request, ticket: Ticket, pieces: Iterator[str], rid: str,
+    async def _complete(self, request: Request, ticket: BatchTicket, pieces: Job, rid: str,
                         chat: bool) -> Response:
         """A non-streamed answer; the client is polled so that leaving stops the generation."""
         try:
@@ -136,7 +134,7 @@ class Server:
         return JSONResponse(completion_body(rid, self.model, result, self.replica, chat,
                                             self.logprobs_body(result.logprobs, chat)))
 
-    async def _events(self, request: Request, ticket: Ticket, pieces: Iterator[str], rid: str,
+    async def _events(self, request: Request, ticket: BatchTicket, pieces: Job, rid: str,
                       chat: bool, include_usage: bool,
                       collected: Logprobs | None = None) -> AsyncIterator[bytes]:
         """The SSE body: role chunk (chat), one chunk per piece, finish chunk, [DONE]. With

@@ -1,4 +1,4 @@
-"""Continuous batching for ssd-serve: every request decodes in one batch (docs/design.md §11).
+"""The server's engine: every request is a row of one batch (docs/design.md §11).
 
     handler: job = engine.prepare(ids, options)    # 400 now if a setting is refused
              ticket = engine.enter(job)            # 429 now if the waiting queue is full
@@ -6,9 +6,10 @@
     worker:  loop { add new requests, cancel departed ones, batch.step(), hand each
              request its piece } in one thread; a request joins at the next round
 
-The engine has Engine's interface (engine.py), so the routes do not know which one serves
-them. A client that goes away is cancelled at the next round and its slot is free for the
-next request.
+`--max-batch 1` is the same engine over one slot (requests then wait in line, and split mode
+and fused heads are available as to a stream). ONNX Runtime releases the GIL, so the event
+loop keeps answering while a round runs. A client that goes away is cancelled at the next
+round and its slot is free for the next request.
 """
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
 from ..errors import SsdError
-from .engine import POLL_S, ClientGone
 from .metrics import Metrics
 from .protocol import ApiError
 
@@ -31,6 +31,11 @@ if TYPE_CHECKING:
     from ..request import GenerationResult
 
 log = logging.getLogger("ssd_runtime.serve")
+POLL_S = 0.25                     # how often a waiting non-streamed request checks its client
+
+
+class ClientGone(Exception):
+    """The client disconnected; its generation has been stopped."""
 
 
 @dataclass
@@ -62,9 +67,10 @@ def choose_slots(generator: Generator, k: int | str = 0, gain: float = 1.1) -> i
     if generator.max_batch == 1:
         return 1
     with generator.batch(k) as batch:
-        rows, best = 1, 1 / batch.cost(1).verify_time(1)
+        cost = batch.planner.cost
+        rows, best = 1, 1 / cost(1).verify_time(1)
         while rows * 2 <= generator.max_batch:
-            rate = rows * 2 / batch.cost(rows * 2).verify_time(1)
+            rate = rows * 2 / cost(rows * 2).verify_time(1)
             if rate < gain * best:
                 break
             rows, best = rows * 2, rate
@@ -102,13 +108,15 @@ class BatchEngine:
 
     def prepare(self, ids: list[int], options: dict[str, Any]) -> Job:
         """Check the settings now (ConfigError -> 400), as Generator.stream does."""
-        self.generator.request(ids, **options, fused=False)
-        if options.get("mode") not in (None, "sequential"):
+        if not self.batch.alone and options.get("mode") not in (None, "sequential"):
             raise ApiError(400, "split mode is not available with --max-batch > 1.")
+        self.generator.request(ids, **options, fused=False)
         return Job(ids, options)
 
     def waiting(self) -> int:
-        return len(self._inbox) + len(self.batch.waiting)
+        """Requests waiting for a slot (not those whose client has left meanwhile)."""
+        return sum(not ticket.finished for ticket, _ in list(self._inbox)) + \
+            len(self.batch.waiting)
 
     def running(self) -> int:
         return sum(s is not None for s in self.batch.slots)

@@ -114,32 +114,30 @@ def metric(text: str, name: str, **labels: str) -> float:
     return total
 
 
-class GatedGenerator:
-    """A Generator whose text pieces each wait for a permit; counts pieces and notes close()."""
+class GatedRounds:
+    """A server's engine whose decode rounds each wait for a permit (its batch's loop): the test
+    decides when a generation advances. Counts the rounds run and notes a cancelled sequence."""
 
-    def __init__(self, generator) -> None:
-        self.generator = generator
-        self.manifest_root = generator.root
+    def __init__(self, server) -> None:
+        batch = server.engine.batch
+        self.manifest_root = server.generator.root
         self.permits = threading.Semaphore(0)
         self.closed = threading.Event()
         self.taken = 0
+        loop_round, cancel = batch.loop.round, batch.cancel
 
-    def __getattr__(self, name: str):
-        return getattr(self.generator, name)
+        def gated_round(*args, **kwargs):
+            self.permits.acquire(timeout=30)
+            self.taken += 1
+            return loop_round(*args, **kwargs)
 
-    def stream(self, *args, **kwargs):
-        pieces = self.generator.stream(*args, **kwargs)    # validates eagerly, as the real one
-        return self._gated(pieces)
+        def noted_cancel(seq_id: int) -> bool:
+            found = cancel(seq_id)
+            if found:
+                self.closed.set()
+            return found
 
-    def _gated(self, pieces):
-        try:
-            for piece in pieces:
-                self.permits.acquire(timeout=30)
-                self.taken += 1
-                yield piece
-        finally:
-            pieces.close()
-            self.closed.set()
+        batch.loop.round, batch.cancel = gated_round, noted_cancel
 
 
 class ThreadedServer:

@@ -132,12 +132,12 @@ def test_a_draft_left_behind_while_the_batch_did_not_draft_catches_up(bundle_fac
     gen = Generator.load(bundle_factory("llama", "llama", graph="auto"), max_batch=2, threads=1)
     prompt = prompt_ids(40)
     with gen.batch(k=4) as batch:
-        batch._batch_k = lambda run, rows: 0     # a size where k = 0 pays
+        batch.planner.k = 0                   # a size where k = 0 pays
         batch.add(prompt, max_new_tokens=20)
         batch.step()                         # chunk 1: the target alone
         row = batch._running()[0].row
         assert (row.target_len, row.drafter.draft_len) == (16, 0)
-        del batch._batch_k                   # the batch's own k (4) again
+        batch.planner.k = 4                  # the batch's own k again
         batch.step()                         # chunk 2 (the draft stays behind), and so on
         assert row.drafter.draft_len == 0
         results = []
@@ -263,24 +263,24 @@ def test_batch_cost_model_prices_each_batch_size(bundle_factory):
     gen = Generator.load(bundle_factory("llama", "llama_cut"), max_batch=4, threads=1)
     with gen.batch() as batch:
         for rows in (1, 3):
-            cost = batch.cost(rows)
+            cost = batch.planner.cost(rows)
             assert cost.rows == (1 if rows == 1 else 4)
             assert cost.draft_step > 0 and cost.verify_time(1) > 0
-            assert batch.cost(rows) is cost                      # measured once
+            assert batch.planner.cost(rows) is cost                      # measured once
         batch.add(prompt_ids(7))
         batch.step()
         # one sequence plans alone, as it does decoded by itself (its schedule, no cap)
-        assert batch._batch_k(batch._running(), 1) is None
+        assert batch.planner.plan([s.row for s in batch._running()], 1) is None
         batch.add(prompt_ids(9))
         batch.step()
         run = batch._running()
         assert len(run) == 2
         for seq in run:
             seq.row.schedule.learnt = Acceptance(accepted=90.0, rejected=10.0)   # α = 0.9
-        gen._batch_costs[2] = BatchCost(2, 0.01e-3, ((1, 1e-3), (9, 1.2e-3)))
-        assert batch._batch_k(run, 2) == gen.manifest.max_draft
-        gen._batch_costs[2] = BatchCost(2, 1e-3, ((1, 1e-3), (9, 9e-3)))  # compute-bound
-        assert batch._batch_k(run, 2) == 0
+        gen.knowledge.batch_costs[2] = BatchCost(2, 0.01e-3, ((1, 1e-3), (9, 1.2e-3)))
+        assert batch.planner.plan([s.row for s in run], 2) == gen.manifest.max_draft
+        gen.knowledge.batch_costs[2] = BatchCost(2, 1e-3, ((1, 1e-3), (9, 9e-3)))  # compute-bound
+        assert batch.planner.plan([s.row for s in run], 2) == 0
 
 
 def test_a_plan_that_comes_out_the_same_stands_longer(bundle_factory, monkeypatch):
@@ -288,18 +288,18 @@ def test_a_plan_that_comes_out_the_same_stands_longer(bundle_factory, monkeypatc
     one did stands twice as long each time, up to REPLAN_LONGEST (at prices where drafting
     never pays, 96 rounds of 4 rows made 12 plans, each ~0.3 ms: 9% of a tiny target's
     rounds). Rows joining re-plan at once, and the rows are what they are alone."""
-    import ssd_runtime.batch as batch_module
+    import ssd_runtime.scheduler.planner as planner_module
     from ssd_runtime.scheduler.batch_cost import BatchCost
 
     plans = []
-    real = batch_module.plan
-    monkeypatch.setattr(batch_module, "plan", lambda *a: plans.append(1) or real(*a))
+    real = planner_module.plan
+    monkeypatch.setattr(planner_module, "plan", lambda *a: plans.append(1) or real(*a))
     gen = Generator.load(bundle_factory("llama", "llama_cut"), max_batch=4, threads=1)
     prompts = [prompt_ids(40), prompt_ids(7), prompt_ids(9), prompt_ids(20)]
     alone = [gen.generate(p, max_new_tokens=96, k=0).token_ids for p in prompts]
     compute_bound = ((1, 1e-3), (9, 9e-3))              # drafting never pays
-    gen._batch_costs = {r: BatchCost(r, 1e-3, compute_bound) for r in (1, 2, 4)}
-    gen._live_costs, gen._draft_prefill = {}, 0.0
+    gen.knowledge.batch_costs = {r: BatchCost(r, 1e-3, compute_bound) for r in (1, 2, 4)}
+    gen.knowledge.live_costs, gen.knowledge.draft_prefill = {}, 0.0
     results = gen.generate_batch(prompts, max_new_tokens=96, k="auto", draft_source="model")
     assert [r.token_ids for r in results] == alone
     assert all(r.stats.drafted == 0 for r in results)
@@ -319,8 +319,8 @@ def test_a_newcomer_whose_drafts_would_not_pay_for_its_prefill_decodes_at_k0(bun
     alone = [gen.generate(p, max_new_tokens=NEW, k=0).token_ids for p in prompts]
     cheap_rounds = ((1, 1e-3), (9, 1.05e-3))      # drafting pays at any acceptance
     for prefill, drafts in ((1.0, False), (0.0, True)):     # seconds a token
-        gen._batch_costs = {r: BatchCost(r, 1e-6, cheap_rounds) for r in (1, 2, 4)}
-        gen._live_costs, gen._draft_prefill = {}, prefill
+        gen.knowledge.batch_costs = {r: BatchCost(r, 1e-6, cheap_rounds) for r in (1, 2, 4)}
+        gen.knowledge.live_costs, gen.knowledge.draft_prefill = {}, prefill
         with gen.batch(k="auto") as batch:
             for p in prompts:
                 batch.add(p, max_new_tokens=NEW, draft_source="model")
@@ -350,11 +350,11 @@ def test_a_batch_stops_drafting_where_its_rounds_say_drafting_loses(bundle_facto
     alone = [gen.generate(p, max_new_tokens=n, k=0).token_ids for p in prompts]
     cheap_rounds = ((1, 1e-3), (9, 1.05e-3))      # drafting pays at any acceptance
     for lost in (True, False):
-        gen._batch_costs = {r: BatchCost(r, 1e-6, cheap_rounds) for r in (1, 2, 4)}
-        gen._live_costs, gen._draft_prefill = {}, 0.0
-        gen._realized = {}
+        gen.knowledge.batch_costs = {r: BatchCost(r, 1e-6, cheap_rounds) for r in (1, 2, 4)}
+        gen.knowledge.live_costs, gen.knowledge.draft_prefill = {}, 0.0
+        gen.knowledge.realized = {}
         if lost:
-            guard = gen._realized[4] = Realized()
+            guard = gen.knowledge.realized[4] = Realized()
             guard.observe(False, 4, 1e-3)
             for _ in range(Realized.MIN_DRAFTED):
                 guard.observe(True, 8, 1.0)        # a second a token: drafting lost
@@ -366,7 +366,7 @@ def test_a_batch_stops_drafting_where_its_rounds_say_drafting_loses(bundle_facto
                 results.update({e.id: e.result for e in batch.step() if e.result is not None})
         assert [results[i].token_ids for i in range(4)] == alone
         drafted = sum(r.stats.drafted for r in results.values())
-        guard = gen._realized[4]
+        guard = gen.knowledge.realized[4]
         if lost:
             assert drafted == 0 and guard.held > 0 and guard.probes == 0
         else:

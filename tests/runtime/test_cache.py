@@ -58,7 +58,7 @@ class Quiet:
 
 def load(bundle: Path, **options) -> Generator:
     gen = Generator.load(bundle, backend="cpu", **options)
-    gen.cost_model()                         # what the first k="auto" call measures
+    gen.knowledge.cost_model()                         # what the first k="auto" call measures
     return gen
 
 
@@ -69,7 +69,7 @@ def test_a_second_load_hashes_and_times_nothing(bundle, counts):
     timed = counts["timed"]                  # 2 (target, draft) with more than one core
     second = load(bundle)
     assert counts == {"hashed": files, "timed": timed, "calibrated": 1}
-    assert second.cost_model() == first.cost_model()
+    assert second.knowledge.cost_model() == first.knowledge.cost_model()
     assert (second.target.threads, second.draft.threads) == \
         (first.target.threads, first.draft.threads)
     assert second.generate([0, 5, 9], max_new_tokens=8, k="auto").token_ids == \
@@ -117,7 +117,7 @@ def test_recalibrate_measures_again_and_remembers_the_new(bundle, counts):
     assert counts["calibrated"] == 2 and counts["timed"] == 2 * timed
     third = load(bundle)
     assert counts["calibrated"] == 2 and counts["timed"] == 2 * timed
-    assert third.cost_model() == again.cost_model()
+    assert third.knowledge.cost_model() == again.knowledge.cost_model()
 
 
 @pytest.mark.parametrize("damage", ["not JSON", "truncated", "malformed values", "empty"])
@@ -141,7 +141,7 @@ def test_a_corrupt_cache_is_ignored(bundle, counts, damage):
     files = len(first.manifest.files)
     assert counts["hashed"] == 2 * files and counts["calibrated"] == 2
     assert second.generate([0, 5, 9], max_new_tokens=8, k="auto").stop_reason == "length"
-    assert load(bundle).cost_model() == second.cost_model()     # rewritten whole
+    assert load(bundle).knowledge.cost_model() == second.knowledge.cost_model()     # rewritten whole
 
 
 def test_an_unwritable_cache_folder_is_ignored(bundle, counts, tmp_path, monkeypatch):

@@ -12,7 +12,8 @@ from ssd_runtime import ConfigError, Generator
 from ssd_runtime.round.acceptance import SamplingAcceptance
 from ssd_runtime.round.drafting import Drafter
 from ssd_runtime.round.lookup import Lookup
-from ssd_runtime.round.loop import Stats, decode
+from alone import decode
+from ssd_runtime.round.loop import Stats
 from ssd_runtime.round.sampling import SamplingParams, probabilities
 from ssd_runtime.scheduler.cost import CostModel
 from ssd_runtime.scheduler.learning import Acceptance

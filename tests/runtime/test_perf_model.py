@@ -176,20 +176,20 @@ def test_top_probability_is_the_softmax_maximum():
 @pytest.mark.slow
 def test_auto_on_a_real_bundle(bundle_factory):
     gen = Generator.load(bundle_factory("llama", "llama"))   # the target is its own draft
-    cost = gen.cost_model()
+    cost = gen.knowledge.cost_model()
     assert cost.target_step > 0 and cost.draft_step > 0 and len(cost.verify) == 9
     # a draft as dear as the target can never pay, even right every time (the export measured
     # agreement 1.0 for this pair): auto keeps to k = 0 but for its probes (the model's drafts
     # alone: lookup drafts cost no draft step and may pay). Timed, this bundle's int8 copy of
     # the target is cheaper than the target and may pay: the costs are set here.
     assert gen.manifest.pair_worth["agreement"] == 1.0
-    gen._cost = CostModel(target_step=1.0, draft_step=1.0,
+    gen.knowledge.cost = CostModel(target_step=1.0, draft_step=1.0,
                           verify=tuple(1.0 + 0.1 * k for k in range(9)))
     res = gen.generate([0, 5, 9], max_new_tokens=64, k="auto", draft_source="model")
     assert res.stats.k == "auto" and res.stats.mean_k < 0.5
     # with GPU-like costs the same pair (α = 1) drafts long rounds
-    gen._cost = gpu_like()
-    gen._times.clear()                 # the round times learnt so far came from the real costs
+    gen.knowledge.cost = gpu_like()
+    gen.knowledge.times.clear()                 # the round times learnt so far came from the real costs
     res = gen.generate([0, 5, 9], max_new_tokens=64, k="auto", draft_source="model")
     assert res.stats.acceptance_rate == 1.0 and res.stats.mean_k > 3
 

@@ -109,13 +109,13 @@ def test_a_draft_left_behind_by_a_prediction_does_not_catch_up_for_its_last_toke
     """An answer the prediction covers but for its last token: every round drafts from the
     prediction, the draft model sees none of it, and the last round (the prediction spent)
     decodes one token plainly rather than prefilling the whole answer into the draft to draft
-    it (loop.decode, design §6). Before, that round cost a catch-up of 40-odd tokens here."""
+    it (Loop.round, design §6). Before, that round cost a catch-up of 40-odd tokens here."""
     gen = Generator.load(bundle_factory("llama", "llama_cut"), threads=1)   # its own prices
-    gen.cost_model()                                # the calibration's calls aside
+    gen.knowledge.cost_model()                                # the calibration's calls aside
     # prices and an acceptance at which the model's drafts pay whenever lookup has none
-    gen._cost = CostModel(target_step=1.0, draft_step=0.05,
+    gen.knowledge.cost = CostModel(target_step=1.0, draft_step=0.05,
                           verify=tuple(1.0 + 0.01 * k for k in range(9)))
-    gen._learnt["greedy"] = Acceptance(accepted=90.0, rejected=10.0, measured=True)
+    gen.knowledge.learnt["greedy"] = Acceptance(accepted=90.0, rejected=10.0, measured=True)
     fed = []
     draft = gen.draft
     for name in ("forward", "prefill", "forward_rows"):

@@ -13,7 +13,8 @@ from scipy.stats import chisquare
 from ssd_runtime import ConfigError, Generator
 from ssd_runtime.round.acceptance import InvariantSampling, SamplingAcceptance
 from ssd_runtime.round.drafting import Drafter
-from ssd_runtime.round.loop import Stats, decode
+from alone import decode
+from ssd_runtime.round.loop import Stats
 from ssd_runtime.round.sampling import SamplingParams, probabilities
 from ssd_runtime.scheduler.schedule import FixedK
 

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("fastapi", reason="ssd-serve needs the serve extra: pip install '.[serve]'")
 openai = pytest.importorskip("openai", reason="the serve tests use the openai client (test extra)")
 
-from serve_util import (GatedGenerator, ServerProcess, ThreadedServer, metric,  # noqa: E402
+from serve_util import (GatedRounds, ServerProcess, ThreadedServer, metric,  # noqa: E402
                         with_chat_template)
 
 from ssd_runtime import Generator  # noqa: E402
@@ -386,18 +386,18 @@ def wait_idle(server, timeout_s: float) -> float:
 
 @pytest.fixture
 def gated(bundle):
-    """The real app in uvicorn (a thread), over a generator whose pieces wait for permits:
+    """The real app in uvicorn (a thread), one slot, its rounds each waiting for a permit:
     the test decides when a generation advances, so queue states are exact, not raced."""
     app = create_app(ServeConfig(bundle=bundle, model_name=MODEL, max_queue=2),
-                     generator=GatedGenerator(Generator.load(bundle)))
+                     generator=Generator.load(bundle))
     with ThreadedServer(app) as srv:
-        srv.gen = app.state.server.generator
+        srv.gen = GatedRounds(app.state.server)
         yield srv
         srv.gen.permits.release(10_000)              # never leave the worker blocked
 
 
 def test_a_stream_sends_each_piece_before_the_next_is_generated(gated):
-    """Without timing: the generator is held after its first piece, which must arrive."""
+    """Without timing: the engine is held after its first round, whose piece must arrive."""
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 40, "temperature": 0, "stream": True}
     gated.gen.permits.release(1)
     with httpx.Client(base_url=gated.url, timeout=30) as http:
@@ -419,8 +419,8 @@ def test_disconnect_stops_generation_at_the_next_round(gated):
         with http.stream("POST", "/v1/completions", json=body) as res:
             assert res.status_code == 200
             assert next(res.iter_lines()).startswith("data: ")   # one piece, then hang up
-    wait_idle(gated, 10)            # the slot is free while the next step still waits
-    gated.gen.permits.release(10_000)                # let the step in flight finish
+    gated.gen.permits.release(10_000)                # let the round in flight finish
+    wait_idle(gated, 10)            # the slot is free after it (the leaver is cancelled)
     assert gated.gen.closed.wait(10), "the generation was not stopped"
     assert gated.gen.taken <= 2                      # the piece read + at most the one in flight
     assert metric(gated.metrics(), "ssd_requests_total", status="499") == before + 1

@@ -182,7 +182,7 @@ def test_bad_logprobs_are_400s_naming_them(server, path, body, param):
 
 
 def test_one_at_a_time_serving_streams_logprobs_and_predictions_too(bundle, gen):
-    """--max-batch 1: the engine that steps one generator stream (engine.py)."""
+    """--max-batch 1: the batch engine over one slot (batching.py)."""
     from fastapi.testclient import TestClient
 
     from ssd_runtime.serve.app import create_app

@@ -7,7 +7,8 @@ import pytest
 
 from ssd_runtime.round.acceptance import GreedyAcceptance
 from ssd_runtime.round.drafting import Drafter, SplitDrafter
-from ssd_runtime.round.loop import Stats, decode
+from alone import decode
+from ssd_runtime.round.loop import Stats
 from ssd_runtime.scheduler.cost import CostModel
 from ssd_runtime.scheduler.learning import Acceptance
 from ssd_runtime.scheduler.schedule import AdaptiveK
