@@ -97,7 +97,7 @@ RUNTIME_LAYERS = (
     ("round", ("round",)),
     ("scheduler", ("scheduler",)),
     ("generator and batch", ("request", "text", "batch", "generator")),
-    ("CLI and server", ("", "cli", "bench", "serve")),      # "": ssd_runtime's __init__
+    ("CLI and server", ("", "cli", "bench", "bench_run", "serve")),  # "": ssd_runtime's __init__
 )
 
 

@@ -190,9 +190,9 @@ def verify_times(bundle: str, options, repeats: int) -> list[float]:
 
 def bench_share(bundle: str, prompts: int, passes: int) -> tuple[float, float]:
     """Seconds of ssd-bench's loop and of its per-prompt calibrations at `passes` each."""
-    from ssd_runtime import bench
+    from ssd_runtime import bench, bench_run
 
-    calibrate, spent = bench.calibrate, [0.0]
+    calibrate, spent = bench_run.calibrate, [0.0]
 
     def timed(*args, **kwargs):
         t0 = time.perf_counter()
@@ -200,14 +200,14 @@ def bench_share(bundle: str, prompts: int, passes: int) -> tuple[float, float]:
             return calibrate(*args, **{**kwargs, "repeats": passes})
         finally:
             spent[0] += time.perf_counter() - t0
-    bench.calibrate = timed
+    bench_run.calibrate = timed
     try:
         configs = [bench.Config(k, "sequential", (2, 1)) for k in (0, 4, "auto")]
         t0 = time.perf_counter()
         bench.run_bench(bundle, configs, bench.load_prompts(None)[:prompts], 128, 0.0, 1, "cpu")
         return time.perf_counter() - t0, spent[0]
     finally:
-        bench.calibrate = calibrate
+        bench_run.calibrate = calibrate
 
 
 if __name__ == "__main__":

@@ -12,11 +12,11 @@ same way; its ScatterND writes the new rows in place, and its attention reads ca
 
 With `max_batch` S > 1 the arenas hold S slots, `(S, max_context, Hkv, D)` or
 `(S, Hkv, max_context, D)`, one sequence each (docs/design.md §11). `forward`/`prefill` with
-`slot=b` run one sequence in slot b's rows as above; `forward_rows` runs slots 0..B-1 in one
-call, each row at its own past length: "ort" binds the first B slots whole, in place as
-before; "standard" binds them whole as the past (the graph masks each row past its own
-length) and its new rows land in a scratch buffer, from which the real rows are copied into
-the arena: only new rows are written, never the past.
+`slot=b` run one sequence in slot b's rows as above; `forward_rows` (ort_batch.py) runs
+slots 0..B-1 in one call, each row at its own past length: "ort" binds the first B slots
+whole, in place as before; "standard" binds them whole as the past (the graph masks each row
+past its own length) and its new rows land in a scratch buffer, from which the real rows are
+copied into the arena: only new rows are written, never the past.
 """
 from __future__ import annotations
 
@@ -30,77 +30,12 @@ from ..contract import PREFILL_CHUNK
 from ..errors import BackendError
 from ..manifest import ModelEntry
 from .base import DTYPES
+from .ort_batch import OrtBatchMixin
 from .ort_rows import RowsGraph, rows_path
+from .ort_session import binders, check_onnxruntime, runner, session_options
 
 
-def session_options(threads: int | None, entry: ModelEntry | None = None):
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    if entry is not None and entry.quant_form == contract.DEQUANTIZE:
-        # ONNX Runtime fuses DequantizeLinear + MatMul into MatMulNBits: compute as exported
-        # and checked (docs/design.md §12)
-        opts.add_session_config_entry(contract.QDQ_ACCURACY,
-                                      str(entry.quant_scheme.get("accuracy_level", 4)))
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if threads:
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    # Spin while a run is on, sleep the moment it returns: the target and the draft take
-    # turns on the same cores, and a pool that keeps spinning after its run takes them from
-    # the other model (docs/design.md §5). SmolLM2-135M with its int8 copy, k=4, 2 cores:
-    # draft steps 15 -> 8 ms, 5-token verifications 40 -> 21 ms, 0.7x -> 1.35x k=0.
-    opts.add_session_config_entry("session.force_spinning_stop", "1")
-    opts.log_severity_level = 3
-    return opts
-
-
-def _binders(binding, device: str, device_id: int):
-    """bind_input / bind_output as f(name, dtype, shape, address).
-
-    ONNX Runtime's Python wrapper builds a device object on every bind; through its
-    pybind object directly a bind costs ~0.65 µs instead of ~2.3 µs (measured, ORT 1.32),
-    which is a fifth of a small draft's step at 2 + 4·layers binds per call. Falls back to
-    the public wrapper if that object is not there.
-    """
-    try:
-        from onnxruntime.capi.onnxruntime_inference_collection import OrtDevice
-
-        raw, where = binding._iobinding, OrtDevice.make(device, device_id)._get_c_device()
-    except (ImportError, AttributeError):
-        return (lambda name, dtype, shape, ptr:
-                binding.bind_input(name, device, device_id, dtype, shape, ptr),
-                lambda name, dtype, shape, ptr:
-                binding.bind_output(name, device, device_id, dtype, shape, ptr))
-    return (lambda name, dtype, shape, ptr: raw.bind_input(name, where, dtype, shape, ptr),
-            lambda name, dtype, shape, ptr: raw.bind_output(name, where, dtype, shape, ptr))
-
-
-def _runner(session, binding):
-    """session.run_with_iobinding(binding) without the wrapper's own Python layer (~1 µs of a
-    ~45 µs draft step); the public call where that layer's attributes are not there."""
-    try:
-        run, raw = session._sess.run_with_iobinding, binding._iobinding
-    except AttributeError:
-        return lambda: session.run_with_iobinding(binding)
-    return lambda: run(raw, None)
-
-
-def _check_onnxruntime(name: str, entry: ModelEntry) -> None:
-    import onnxruntime as ort
-
-    oldest = contract.oldest_onnxruntime(entry.graph, entry.quant, entry.moe,
-                                         entry.quant_form or contract.MATMULNBITS)
-    if oldest and contract.version_tuple(ort.__version__) < oldest[0]:
-        need = contract.version_text(oldest[0])
-        raise BackendError(f"the {name} graph has {oldest[1]}, which onnxruntime "
-                           f"{ort.__version__} runs wrongly or not at all (it needs {need} or "
-                           f"newer). ---> HINT: pip install -U 'onnxruntime>={need}', or "
-                           f"re-export with ssd-export --graph standard --draft-quant none.")
-
-
-class OrtCpuSession:
+class OrtCpuSession(OrtBatchMixin):
     """A model on ONNX Runtime's CPU provider with IOBinding over numpy arenas."""
 
     backend = "cpu"
@@ -110,7 +45,7 @@ class OrtCpuSession:
                  max_new_len: int, threads: int | None = None, max_batch: int = 1) -> None:
         self.name, self.entry, self.threads = name, entry, threads
         self.max_context, self.max_new_len, self.max_batch = max_context, max_new_len, max_batch
-        _check_onnxruntime(name, entry)
+        check_onnxruntime(name, entry)
         try:
             self.session = self._open(path, threads)
         except BackendError:
@@ -131,13 +66,13 @@ class OrtCpuSession:
         self.in_place = contract.in_place(entry.graph)    # arenas head-major, bound whole
         self._allocate()
         self.binding = self.session.io_binding()
-        self._bind_in, self._bind_out = _binders(self.binding, self.device, self.device_id)
+        self._bind_in, self._bind_out = binders(self.binding, self.device, self.device_id)
         # ids, positions and the top outputs are numpy (host) memory on every device: bound
         # as such, ONNX Runtime copies them across; bound as device memory, a CUDA kernel
         # would read a host address (an illegal memory access, seen on an H200)
         self._bind_host_in, self._bind_host_out = (
             (self._bind_in, self._bind_out) if self.device == "cpu"
-            else _binders(self.binding, "cpu", 0))
+            else binders(self.binding, "cpu", 0))
         # what the decode loop binds on every call, worked out once: graph names and arena
         # addresses per layer (the arenas never move), and the ids/positions/logits addresses
         self.layers = [(contract.past_key(i), contract.past_value(i),
@@ -156,7 +91,7 @@ class OrtCpuSession:
         if self.in_place:
             self._bind_caches(0, 1)
         self._bound_len: int | None = None     # the length ids/positions/logits are bound at
-        self._run_bound = _runner(self.session, self.binding)
+        self._run_bound = runner(self.session, self.binding)
         # the target's rows graph (design §11), opened by open_rows: once the session is chosen
         # (backends.select's timing builds candidates), else at the first call that needs it
         self._rows_file = rows_path(path, entry) if max_batch > 1 and entry.rows \
@@ -217,28 +152,6 @@ class OrtCpuSession:
         return ort.InferenceSession(str(path), session_options(threads, self.entry),
                                     providers=["CPUExecutionProvider"])
 
-    def open_rows(self) -> RowsGraph | None:
-        """Open the target's rows graph (design §11: a batch's k+1 tokens per row in one call)
-        where the bundle has one and this session batches; a second ONNX Runtime session over
-        the same arenas, holding its own prepacked copy of the weights."""
-        if self._rows is not None or self._rows_file is None:
-            return self._rows
-        where = self._rows_file
-        try:
-            session = self._open(where, self.threads)
-        except Exception as exc:  # ORT raises its own exception types
-            raise BackendError(f"ONNX Runtime cannot load {where}: {exc} ---> HINT: re-run "
-                               f"ssd-export, or load with max_batch=1.") from None
-        self._rows = RowsGraph(self, session,
-                               lambda binding: _binders(binding, self.device, self.device_id),
-                               _runner)
-        return self._rows
-
-    @property
-    def rows_graph(self) -> bool:
-        """Whether a batch's several new tokens per row run in one call of the rows graph."""
-        return self._rows_file is not None
-
     def _allocate(self) -> None:
         e, shape = self.entry, self.arena_shape
         # one per layer, for keys and for values
@@ -246,14 +159,6 @@ class OrtCpuSession:
         self.values = [np.zeros(shape, self.kv_dtype) for _ in range(e.num_layers)]
         self.logits = np.zeros((self.max_batch * self.max_new_len * e.vocab_size,),
                                DTYPES[e.logits_dtype])
-
-    def _allocate_scratch(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Standard graph, batches: per layer, where a call's new keys and values land (flat,
-        viewed as (B, T, Hkv, D)) before their real rows are copied into the arena."""
-        e = self.entry
-        size = self.max_batch * self.max_new_len * e.num_kv_heads * e.head_dim
-        return [(np.zeros(size, self.kv_dtype), np.zeros(size, self.kv_dtype))
-                for _ in range(e.num_layers)]
 
     @property
     def arena_shape(self) -> tuple[int, int, int, int]:
@@ -290,84 +195,6 @@ class OrtCpuSession:
         for start in range(0, len(token_ids), PREFILL_CHUNK):
             chunk = token_ids[start:start + PREFILL_CHUNK]
             self._run(chunk, past_len + start, logits_out=False, slot=slot)
-
-    def forward_rows(self, token_ids: np.ndarray, past_lens: np.ndarray,
-                     real: np.ndarray | None = None) -> np.ndarray:
-        """Slots 0..B-1 in one call: row b's T tokens `token_ids[b]` at positions
-        past_lens[b].., its keys/values written at those rows of slot b; `real[b]` of them are
-        real (the rest pad the row and their rows are not kept: default all). Returns the
-        logits (B, T, vocab), valid until the next call."""
-        B, T = token_ids.shape
-        if B == 1:        # as one sequence runs (host rows on a GPU backend: the batch decides
-            #               on the host, design §11)
-            return np.asarray(self.forward(token_ids[0], int(past_lens[0])))[None]
-        if B > self.max_batch or T > self.max_new_len:
-            raise BackendError(f"{self.name}: a batch of {B} rows of {T} tokens exceeds this "
-                               f"session's {self.max_batch} slots of {self.max_new_len}.")
-        if int(past_lens.max()) + T > self.max_context:
-            raise BackendError(f"{self.name}: positions up to {int(past_lens.max()) + T} exceed "
-                               f"the bundle's max_context {self.max_context}.")
-        e, width = self.entry, B * T
-        if T > 1 and not self.batches_new_tokens:
-            return self._rows_one_by_one(token_ids, past_lens, real)
-        ids = self.ids[0, :width].reshape(B, T)
-        positions = self.positions[0, :width].reshape(B, T)
-        ids[:] = token_ids
-        positions[:] = past_lens[:, None] + np.arange(T)
-        if T > 1 and self._rows_file is not None:     # the ort target's rows graph (§11)
-            (self._rows or self.open_rows()).run(B, T, int(past_lens.max()) + T)
-            self._pass_aux(B, T, past_lens, real)
-            return self._rows_logits(B, T)
-        if self.in_place:
-            self._bind_caches(0, B)
-            self._bind_attend(int(past_lens.max()) + T)
-        else:
-            self._bind_scratch(B, T)
-        bind_host = self._bind_host_in
-        bind_host(contract.INPUT_IDS, np.int64, (B, T), self._ids_ptr)
-        bind_host(contract.POSITION_IDS, np.int64, (B, T), self._pos_ptr)
-        self._bind_extras(B, T)
-        self._bind_out(contract.LOGITS, self.logits_dtype, (B, T, e.vocab_size),
-                       self._logits_addr)
-        self._bound_len = None
-        self._run_bound()
-        if not self.in_place:
-            self._keep_new_rows(B, T, past_lens, np.full(B, T) if real is None else real)
-        self._pass_aux(B, T, past_lens, real)
-        return self._rows_logits(B, T)
-
-    def _rows_logits(self, B: int, T: int) -> np.ndarray:
-        """forward_rows' logits (B, T, vocab) on the host, valid until the next call."""
-        V = self.entry.vocab_size
-        return self.logits[:B * T * V].reshape(B, T, V)
-
-    @property
-    def batches_new_tokens(self) -> bool:
-        """Whether one call may carry several rows of several new tokens each. ONNX Runtime's
-        GroupQueryAttention (the ort flavour) refuses it: "batch_size must be 1 when
-        sequence_length > 1 and past context is given" (1.32), so forward_rows runs such
-        calls one row at a time, unless the bundle has the target's rows graph
-        (ModelEntry.rows, design §11). The standard and static flavours take them."""
-        return self.entry.graph != contract.ORT or self._rows_file is not None
-
-    def _rows_one_by_one(self, token_ids: np.ndarray, past_lens: np.ndarray,
-                         real: np.ndarray | None) -> np.ndarray:
-        """The ort flavour's several new tokens per row: one call per row with real tokens,
-        each in its slot, its logits at its row of the (B, T, vocab) result."""
-        B, T = token_ids.shape
-        for b in range(B):
-            n = T if real is None else int(real[b])
-            if n:
-                self._run(token_ids[b, :n], int(past_lens[b]), logits_out=True, slot=b,
-                          logits_row=b * T)
-        V = self.entry.vocab_size
-        return self.logits[:B * T * V].reshape(B, T, V)
-
-    def top_rows(self, rows: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """forward_rows' last-row argmax and probability per row, where the graph gives them."""
-        if self._top is None:
-            return None
-        return self._top[0][:rows], self._top[1][:rows]
 
     def _run(self, token_ids: np.ndarray, past_len: int, logits_out: bool, slot: int = 0,
              logits_row: int = 0) -> None:
@@ -426,35 +253,6 @@ class OrtCpuSession:
             bind_in(past_v, kv_type, past_shape, v_ptr + base)
             bind_out(new_k, kv_type, new_shape, k_ptr + offset)
             bind_out(new_v, kv_type, new_shape, v_ptr + offset)
-
-    def _bind_scratch(self, B: int, T: int) -> None:
-        """Standard graph, a batch: slots 0..B-1 whole as the past (B, max_context, Hkv, D),
-        the new rows (B, T, Hkv, D) into the scratch buffers (never over an input)."""
-        self.binding.clear_binding_inputs()
-        self.binding.clear_binding_outputs()
-        bind_in, bind_out, kv_type, e = self._bind_in, self._bind_out, self.kv_dtype, self.entry
-        past_shape = (B, self.max_context, e.num_kv_heads, e.head_dim)
-        new_shape = (B, T, e.num_kv_heads, e.head_dim)
-        assert self._scratch is not None
-        for (past_k, past_v, new_k, new_v, k_ptr, v_ptr), (sk, sv) in zip(self.layers,
-                                                                         self._scratch):
-            bind_in(past_k, kv_type, past_shape, k_ptr)
-            bind_in(past_v, kv_type, past_shape, v_ptr)
-            bind_out(new_k, kv_type, new_shape, sk.ctypes.data)
-            bind_out(new_v, kv_type, new_shape, sv.ctypes.data)
-
-    def _keep_new_rows(self, B: int, T: int, past_lens: np.ndarray, real: np.ndarray) -> None:
-        """Copy each row's real new keys/values from the scratch into its slot at its length."""
-        e = self.entry
-        rows = np.concatenate([np.full(int(n), b) for b, n in enumerate(real)]).astype(np.intp)
-        steps = np.concatenate([np.arange(int(n)) for n in real]).astype(np.intp)
-        at = past_lens[rows] + steps
-        shape = (B, T, e.num_kv_heads, e.head_dim)
-        size = B * T * e.num_kv_heads * e.head_dim
-        assert self._scratch is not None
-        for keys, values, (sk, sv) in zip(self.keys, self.values, self._scratch):
-            keys[rows, at] = sk[:size].reshape(shape)[rows, steps]
-            values[rows, at] = sv[:size].reshape(shape)[rows, steps]
 
     def _bind_caches(self, first: int, count: int) -> None:
         """The ort graph: slots first..first+count-1 of each whole cache as both past and

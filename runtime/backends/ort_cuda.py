@@ -16,7 +16,8 @@ from ..errors import BackendError
 from ..manifest import ModelEntry
 from .device import DeviceLogits
 from .base import DTYPES
-from .ort import OrtCpuSession, session_options
+from .ort import OrtCpuSession
+from .ort_session import session_options
 from .select import CUDA_PROVIDER, GPU_BUNDLE_HINT, ORT_GPU_HINT
 
 INSTALL_HINT = f"---> HINT: {ORT_GPU_HINT}, with an NVIDIA driver that nvidia-smi shows."

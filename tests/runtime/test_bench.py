@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ssd_runtime.bench import main, split_against_sequential
+from ssd_runtime.bench import main
+from ssd_runtime.bench_run import split_against_sequential
 from ssd_runtime.scheduler.cost import expected_tokens
 
 

@@ -189,7 +189,7 @@ def test_auto_takes_lookup_tokens_that_pay_and_leaves_those_that_do_not():
 
 
 def test_an_output_that_loops_is_told_from_one_that_does_not():
-    from ssd_runtime.bench import loops
+    from ssd_runtime.bench_run import loops
 
     assert loops([7] * 40) and loops([5, 6, 7, 8] * 10) and loops(list(range(20)) + [1, 2] * 20)
     assert not loops(list(range(60))) and not loops([1, 2] * 5)       # too short to judge
