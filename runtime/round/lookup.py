@@ -85,9 +85,10 @@ class Prediction:
 class Lookup:
     """An index of every n-gram (n = 1..MAX_NGRAM) of one sequence to the position after its
     latest occurrence, kept up to date as the sequence grows (a dict update per new token
-    and n: ~2 µs a token). With a `prediction`, the prediction's continuation is offered
-    where its n-gram is at least as long as the sequence's own (`source` says whose the last
-    find was); `sequence=False` looks in the prediction alone."""
+    and n, so its cost a token does not grow with the sequence). With a `prediction`, the
+    prediction's continuation is offered where its n-gram is at least as long as the
+    sequence's own (`source` says whose the last find was); `sequence=False` looks in the
+    prediction alone."""
 
     def __init__(self, max_ngram: int = MAX_NGRAM, prediction: Prediction | None = None,
                  sequence: bool = True) -> None:

@@ -149,8 +149,8 @@ class Loop:
         for row in rows:
             if row.drafter.lagging(row.target_len) and row.schedule.uses_draft:
                 self._timed(row, row.drafter.catch_up, row.seq, row.target_len)   # a head (§14)
-            # a batch at k = 0 asks no schedule: each would plan for nothing (tens of µs a
-            # round at 16 rows, which an overhead-bound target's 0.5 ms round feels)
+            # a batch at k = 0 asks no schedule: each would plan for nothing, a cost per row
+            # that an overhead-bound target's short rounds feel
             k = 0 if cap == 0 else row.schedule.next_k()
             if cap is not None:
                 k = min(k, cap)
@@ -158,11 +158,12 @@ class Loop:
             row.k = max(0, min(k, room - 1, most))
             if row.k and row.schedule.adaptive:
                 # a draft that rounds of lookup alone left behind catches up (a prefill of
-                # all it missed: 0.8 s for 270 tokens of SmolLM2's int8 copy) only after a
-                # round that lookup found nothing for, and never past what the sequence may
-                # still emit: where lookup pauses for one token (an edit in a predicted
-                # file, its end before EOS) it would buy a token or two (design §6; a
-                # fixed k drafts as asked)
+                # all it missed, which the marginal rules do not price) only after a round
+                # that lookup found nothing for, and never past what the sequence may still
+                # emit: where lookup pauses for one token (an edit in a predicted file, its
+                # end before EOS) it would buy a token or two (design §6; the figures:
+                # docs/performance-notes.md §6, "A draft left behind by lookup"; a fixed k
+                # drafts as asked)
                 behind = len(row.seq) - 1 - row.drafter.draft_len
                 row.drafter.waits = behind > room or behind > FREE_CATCH_UP and not row.dry
             row.drafts, row.probs, row.left = row.drafter.start(row.seq, row.k)

@@ -147,7 +147,8 @@ class GumbelNoise:
     """Exponential noise E = -log u for every token id at a position, u = splitmix64 of the
     position's key and the id, worked out once per position: the draft's pick and the
     target's verification of that position (and a split-mode bet) share it. In place on
-    uint64 buffers: ~0.2 ms for 150k ids, against ~1.1 ms with numpy's temporaries."""
+    uint64 buffers, since numpy's temporaries over a whole vocabulary would cost several times
+    the arithmetic (docs/performance-notes.md, "Figures from code comments")."""
 
     def __init__(self, key: int, size: int = 0, keep: int = 24) -> None:
         self.key, self.keep = key, keep

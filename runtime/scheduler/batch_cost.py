@@ -24,14 +24,17 @@ if TYPE_CHECKING:
 
 PROBE_LENGTHS = (1, 2, 3, 5, 9, 17)    # verification lengths timed per batch size
 # Timed passes go on past `repeats` until they add up to TIMED_S seconds (up to MAX_PASSES): a
-# tiny model's calls take 0.1-0.3 ms, and on this 2-core machine at load 6-8 (2026-12-04) a
-# median of 3 such calls could be a preempted one: V(4, 1) of a 0.2M-parameter target timed
-# at 5.6 ms where the loop's k=0 rounds took 0.9, and its batches drafted at 0.3-0.7x of k=0.
+# small model's calls take a fraction of a millisecond, so on a busy machine a median of a few
+# of them can be a preempted one; a verification priced that high makes k = 0 look dear, and
+# batches draft where they lose (docs/performance.md, "One loop, and batches on the real
+# SmolLM2-135M": the tiny target).
 # Preemption only ever adds time, so many short samples have an honest median.
 TIMED_S = 0.2
 MAX_PASSES = 64
-PREFILL_PROBE = 64    # tokens of the draft's prefill timed (SmolLM2-135M's int8 copy, 2 threads,
-# 2026-12-04, load 2.5: 9.8, 8.2, 6.7 ms a token at 16, 64, 200 tokens: a prompt's length)
+# Tokens of the draft's prefill timed: a prompt's length, since a prefill's time a token
+# depends on how many tokens it takes at once (docs/performance-notes.md, "Figures from code
+# comments").
+PREFILL_PROBE = 64
 
 
 @dataclass(frozen=True)
@@ -232,8 +235,7 @@ def best_k(sequences: list[tuple[float, int | None]], cost: BatchCost | LiveCost
     """The k in [0, max_k] that maximises expected tokens per second for `sequences`, each
     (its α, its own cap on k or None): a capped sequence gains only up to its cap, and pays
     the batch's round all the same (its rows are padded to the longest). Worked out every
-    round, as arrays (a few µs at 16 rows, where a round of a cache-resident target takes a
-    few ms)."""
+    round, as arrays, so that it stays small beside even a short round."""
     return int(np.argmax(_tokens(sequences, max_k) / cost.round_times(max_k)))
 
 

@@ -21,10 +21,10 @@ _PLACES = 4                       # a token's place in its round: 1st, 2nd, 3rd-
 # (a plan made from a low first estimate never drafts again): every PROBE_EVERY rounds without
 # drafting, a round drafts PROBE tokens, and each probe in a row with nothing accepted doubles
 # the wait (up to 2^PROBE_BACKOFF times). On a draft that is never right a probe costs c₁ + c +
-# v(2) - v(0), ~0.6 target steps on this CPU: 3 probes in 128 tokens, ~1.4%. An α that no
-# round has measured yet (the export's estimate, or the prior) is probed at once: the export
-# measured it on its own text, which may not be the requests' (a held-out pair measured at
-# agreement 0.0 there decoded its first request at k = 0 for 16 rounds, then drafted at 3x).
+# v(2) - v(0), and the backoff keeps it to a few probes a sequence. An α that no round has
+# measured yet (the export's estimate, or the prior) is probed at once: the export measured it
+# on its own text, which may not be the requests', and a pair that pays would otherwise wait
+# PROBE_EVERY rounds at k = 0 to be seen (docs/performance-notes.md §6, "Probes").
 PROBE, PROBE_EVERY, PROBE_BACKOFF = 2, 16, 6
 
 
@@ -43,9 +43,9 @@ class Acceptance:
     while that tenth has seen few tokens; `chance(top, position)` refines it by the token's
     place in its round (shrunk towards the tenth's rate): acceptance comes in runs, so a
     token of middling confidence that follows accepted ones is likelier to pass than the
-    same confidence first in a round. Measured on the demo pair in seven interleaved A/B
-    pairs of runs: auto 2.2–5.0% behind the best fixed k with it (3.2% on average),
-    1.4–6.3% without (4.2%).
+    same confidence first in a round, and the stopping rule that reads `chance` drafts
+    longer runs where they are likely to pass (figures: docs/performance-notes.md, "Figures
+    from code comments").
     """
 
     decay: float = 0.9            # per round, for α
@@ -58,7 +58,8 @@ class Acceptance:
     # round's tokens count `scale` (which grows by 1/bin_decay a round) instead of every older
     # count being multiplied down, and they are plain floats, not numpy scalars. chance() runs
     # after every draft step and observe() after every round, both on caches the models have
-    # just swept: in the loop they took 9 and 17 µs a call as numpy arrays (~3% of a round).
+    # just swept, where numpy's per-call overhead on arrays this small is dearer than the
+    # arithmetic (docs/performance-notes.md, "Figures from code comments").
     hits: list[float] = field(default_factory=lambda: [0.0] * _BINS)
     seen: list[float] = field(default_factory=lambda: [0.0] * _BINS)
     place_hits: list[list[float]] = field(

@@ -44,8 +44,9 @@ if TYPE_CHECKING:
 # Under "auto" a batch's plan is worked out again when rows join or leave, when a row's α
 # moved by more than REPLAN_ALPHA, or after REPLAN_EVERY rounds, as AdaptiveK re-plans (§6); a
 # plan that came out as the last one did (the same k for the same rows) stands twice as long
-# each time, up to REPLAN_LONGEST rounds. Worked out every round it costs a round of a small
-# target a few percent (measured: performance.md, "Batches").
+# each time, up to REPLAN_LONGEST rounds. Worked out every round, the plan would be a
+# noticeable part of a small target's round (docs/performance.md, "One loop, and batches on
+# the real SmolLM2-135M", "Whose draft is fed").
 REPLAN_EVERY = 8
 REPLAN_LONGEST = 64
 REPLAN_ALPHA = 0.03

@@ -77,20 +77,19 @@ class RoundTimes:
     """Seconds a round takes by how many tokens it drafts (its drafting and its verification):
     the calibration's times, times the machine's pace, times each k's own correction.
 
-    The calibration times each model alone at one past length; in the loop the verification
-    of k + 1 tokens measured flatter in k than calibrated (8 and 9 tokens 1.86-2.01 target
-    steps against 2.12 calibrated), and a shared machine speeds up and slows down for every
-    k alike. So every round moves the pace a tenth of the way (in ratio) to what it took
+    The calibration times each model alone at one past length; in the loop a verification's
+    time grows with k otherwise than the calibration's did (docs/performance-notes.md,
+    "`ssd-bench` runs before 2026-12-01"), and a shared machine speeds up and slows down for
+    every k alike. So every round moves the pace a tenth of the way (in ratio) to what it took
     against the calibration, and moves its own k's correction a twentieth of the way to what
     it took against the expected time: the pace takes the machine's drift, the corrections
     the loop's shape, and a k seldom drafted follows the pace instead of keeping the time of
-    its last visit. (Learnt one k at a time, the times of k drafted in a slow spell stayed high
-    against the others, and those never drafted kept the calibration's: replayed on the demo
-    pair's text with four round-time tables measured at different moments, auto made 0.92-1.03
-    of k = 8's tokens/s, 0.91-1.01 seeing noisy times; paced, 1.02-1.03 and 1.01-1.03.
-    `tools/replay_rules.py --noise --round-ms ...`.) Decisions depend on ratios of these times
-    only. A round counts at most 25% over or 20% under what is expected of it, so one
-    preempted round cannot move them.
+    its last visit. Times learnt one k at a time would keep a slow spell's price on the k
+    drafted in it and the calibration's on those never drafted, and the plan would compare k
+    at different moments' prices (figures: docs/performance-notes.md, "Figures from code
+    comments"; `tools/replay_rules.py`). Decisions depend on ratios of these times only. A
+    round counts at most 25% over or 20% under what is expected of it, so one preempted round
+    cannot move them.
     """
 
     def __init__(self, calibrated: Sequence[float], pace_weight: float = 0.1,
@@ -184,9 +183,10 @@ class AdaptiveK:
 
     def next_k(self) -> int:
         # next_k and keep_drafting run every round and every draft step, on caches the models
-        # have just swept: the plan (~16 µs there) is worked out again every 8 rounds, or
-        # sooner when α has moved far. (Re-planned whenever α moved by 0.01, it was re-planned
-        # in 3 rounds of 4; in replays the choice of 0.01 or 0.03 moved auto by under 0.5%.)
+        # have just swept: the plan is worked out again every 8 rounds, or sooner when α has
+        # moved far (0.03), not whenever α moves a little, which it does most rounds; a
+        # plan made from an α a few hundredths off is nearly the same plan
+        # (docs/performance-notes.md, "Figures from code comments").
         alpha = min(self.alpha, 0.999)
         if abs(alpha - self._planned_alpha) > 0.03 or self._rounds >= 8:
             self._plan, self._planned_alpha, self._rounds = self.plan(alpha), alpha, 0
@@ -194,10 +194,10 @@ class AdaptiveK:
             best = self._plan[0]
             self._plan_rate = expected_tokens(alpha, best) / seconds[best]
             # a probe can change the plan only where some α would make drafting pay: a draft
-            # as dear as the target (SmolLM2-135M's int8 copy beside its int8 target, c 0.98)
-            # never pays, and each probe paid its catch-up over the rounds since (0.92x k=0).
-            # Such a draft is probed at the longest wait only (its price was measured once, at
-            # calibration, and a probe's round times are what would correct it)
+            # as dear as the target never pays, and each probe pays the draft's catch-up over
+            # the rounds since (docs/performance-notes.md §6, "Probes"). Such a draft is probed
+            # at the longest wait only (its price was measured once, at calibration, and a
+            # probe's round times are what would correct it)
             self._probing = best > 0 or self.plan(0.999)[0] > 0
         self._rounds += 1
         # The plan is only a cap: the stopping rule below ends the round where no more tokens
@@ -218,8 +218,7 @@ class AdaptiveK:
                 wait = PROBE_EVERY << min(self.learnt.misses, PROBE_BACKOFF)
             # no probe while lookup's tokens all pass (an exact prediction, a quoted file):
             # the draft has seen none of them, and a probe would pay its catch-up of the
-            # whole run (1.7 s for 1,100 tokens of SmolLM2's int8 copy) to displace tokens
-            # that were right
+            # whole run (a prefill of every one of them) to displace tokens that were right
             if self._idle >= wait and not self._whole:
                 k, self._probe, self._idle = min(PROBE, self.max_k), True, 0
         self._k, self._survive, self._tops, self._taken, self._scale = k, 1.0, [], 0, 1.0
@@ -341,7 +340,9 @@ def top_probability(row: np.ndarray, scratch: np.ndarray) -> float:
     """max softmax(row) for a (vocab,) row of logits, computed in `scratch` (float32, vocab).
 
     Shifted by the largest logit (found by argmax, which numpy vectorises better than max)
-    so that exp cannot overflow; ~2.2 µs for 2,048 logits against ~3.5 µs allocating."""
+    so that exp cannot overflow; in place, since it runs after every draft step and an array
+    allocated per call adds to every one (docs/performance-notes.md, "Figures from code
+    comments")."""
     np.subtract(row, row[row.argmax()], out=scratch)
     np.exp(scratch, out=scratch)
     total = float(scratch.sum())         # >= 1 (the top itself); NaN logits: no confidence
