@@ -52,8 +52,9 @@ def run_bench(bundle: str, configs: list[Config], prompts: list[str], max_new_to
     # the bound's c and v(k): one timed pass of each k (after a warm-up pass) before every
     # prompt, beside the runs, and the median of them all taken: the machine's state moves,
     # so the samples are spread over the run (20 in the default run: 10 prompts, 2 repeats).
-    # Nine timed passes before every prompt made calibration a third of a run on a 135M
-    # target, one makes it an eighth (docs/performance.md, start-up).
+    # One pass a prompt, since the median over the run needs many samples, not many at each
+    # moment, and more passes would make calibration a large part of a run on a larger target
+    # (docs/performance.md, "Start-up").
     calibrations: dict[tuple[int, int], list[CostModel]] = {t: [] for t in placements}
     for r in range(repeats):
         for p, prompt in enumerate(prompts):
@@ -166,8 +167,9 @@ def _summary(c: Config, threads: str, runs: list, cost: CostModel, baseline: flo
     """One configuration's figures. k="auto" is held to the best fixed k's bound, at the
     pair's α (`pair_alpha`: fitted to the fixed-k rows of the same threads and mode, where the
     run has them); α fitted to auto's own rounds is higher than the pair's, since it stops
-    where the draft is unsure (0.91 against 0.88 on the demo pair), and would promise a
-    bound no fixed k reaches. Auto may exceed its bound: it drafts by confidence."""
+    where the draft is unsure (docs/performance.md, "Measured on this project's 2-core CPU
+    machine"), and would promise a bound no fixed k reaches. Auto may exceed its bound: it
+    drafts by confidence."""
     stats = [s for _, s in runs]
     rounds = sum(s.rounds for s in stats)
     drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)

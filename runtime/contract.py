@@ -108,8 +108,9 @@ POSITION_IDS = "position_ids"
 LOGITS = "logits"
 # Optional outputs after the KV ones, written on "ort" flavour drafts: the last row's argmax
 # (B,) int64 and its softmax probability (B,) float32. The loop needs both after every draft
-# step (greedy's token, adaptive k's confidence); inside the graph they cost ~1 µs, on the host
-# ~9 µs a step in numpy calls that run on caches the models have just swept (measured).
+# step (greedy's token, adaptive k's confidence); inside the graph they are a few more ops on
+# logits already in cache, on the host numpy calls that run on caches the models have just
+# swept, several times dearer (docs/export.md, "The bundle"; docs/performance-notes.md §2).
 TOP_ID, TOP_PROB = "top_id", "top_prob"
 
 

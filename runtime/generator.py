@@ -303,8 +303,8 @@ class Generator:
     def measurement_key(self, what: str, **more: Any) -> dict[str, Any] | None:
         """What a timing of this generator's sessions is remembered under (cache.py): the
         bundle, the machine, ONNX Runtime, the threads, `more`. None on a GPU backend, where
-        nothing is remembered: steps take milliseconds there (calibrating the demo pair, ~0.3 s
-        on an H200), and the key would have to name the GPU."""
+        nothing is remembered: steps take milliseconds there, so measuring again is cheap, and
+        the key would have to name the GPU (docs/design.md §8.1)."""
         if self.backend != "cpu":
             return None
         return cache.measurement_key(self.manifest.digest(), what, backend=self.backend,
@@ -336,10 +336,10 @@ class Generator:
         if response_format is None or isinstance(response_format, Constraint):
             return response_format
         vocab = self.manifest.target.vocab_size
-        if self._grammar_tokenizer is None:        # built once (llguidance: ~ms to ~1 s)
+        if self._grammar_tokenizer is None:        # built once: each walks the vocabulary
             self._grammar_tokenizer = tokenizer_for(self.codec.tokenizer.to_str(), vocab,
                                                     sorted(self.eos_ids))
-            self._token_pieces = TokenPieces.of(self._grammar_tokenizer)   # ~0.2 s at 49k
+            self._token_pieces = TokenPieces.of(self._grammar_tokenizer)
         return Constraint.compile(response_format, self._grammar_tokenizer, vocab,
                                   self._token_pieces)
 

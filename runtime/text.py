@@ -79,7 +79,8 @@ class TextStream:
         self.codec, self.stops = codec, [s for s in (stops or []) if s]
         # pieces=False (generate(): only the whole text is wanted): without stop strings
         # nothing needs the text before the end, so push only gathers ids and flush decodes
-        # them once, the same text (~40 µs a token less on a ~1 ms int4 step, measured)
+        # them once, the same text, and no decoding per token (docs/performance.md, "Quantized
+        # peers": "Where the int4 step gap was")
         self.lazy = not pieces and not self.stops
         # held back: the start of a stop string, and of a space the clean-up may still remove
         self._held = [*self.stops, *(s for s, _ in CLEAN_UP)] if codec.entry.clean_up_spaces \

@@ -229,8 +229,8 @@ class OrtCpuSession(OrtBatchMixin):
             else:
                 self.binding.bind_output(contract.LOGITS, self.device, self.device_id)
         # on a GPU a host input is copied across when it is bound, not when the graph runs:
-        # its new values reach the device only by binding it again (an H200 showed every
-        # single sequence of a static bundle repeating one token when this was skipped)
+        # its new values reach the device only by binding it again (skipped, a single
+        # sequence of a static bundle repeats one token on a GPU)
         self._bound_len = n if self.in_place and logits_out and not logits_row \
             and self.device == "cpu" else None
         self._run_bound()

@@ -25,8 +25,8 @@ def session_options(threads: int | None, entry: ModelEntry | None = None):
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     # Spin while a run is on, sleep the moment it returns: the target and the draft take
     # turns on the same cores, and a pool that keeps spinning after its run takes them from
-    # the other model (docs/design.md §5). SmolLM2-135M with its int8 copy, k=4, 2 cores:
-    # draft steps 15 -> 8 ms, 5-token verifications 40 -> 21 ms, 0.7x -> 1.35x k=0.
+    # the other model (docs/design.md §9; the figures: docs/performance-notes.md §9,
+    # "Spinning").
     opts.add_session_config_entry("session.force_spinning_stop", "1")
     opts.log_severity_level = 3
     return opts
@@ -35,10 +35,11 @@ def session_options(threads: int | None, entry: ModelEntry | None = None):
 def binders(binding, device: str, device_id: int):
     """bind_input / bind_output as f(name, dtype, shape, address).
 
-    ONNX Runtime's Python wrapper builds a device object on every bind; through its
-    pybind object directly a bind costs ~0.65 µs instead of ~2.3 µs (measured, ORT 1.32),
-    which is a fifth of a small draft's step at 2 + 4·layers binds per call. Falls back to
-    the public wrapper if that object is not there.
+    ONNX Runtime's Python wrapper builds a device object on every bind; a call makes
+    2 + 4·layers binds, so on a small draft that is a sizeable part of a step. Through its
+    pybind object directly, with the device object made once, a bind skips it (figures:
+    docs/performance-notes.md, "Figures from code comments"). Falls back to the public
+    wrapper if that object is not there.
     """
     try:
         from onnxruntime.capi.onnxruntime_inference_collection import OrtDevice
@@ -54,8 +55,9 @@ def binders(binding, device: str, device_id: int):
 
 
 def runner(session, binding):
-    """session.run_with_iobinding(binding) without the wrapper's own Python layer (~1 µs of a
-    ~45 µs draft step); the public call where that layer's attributes are not there."""
+    """session.run_with_iobinding(binding) without the wrapper's own Python layer, which a
+    small draft pays on every step; the public call where that layer's attributes are not
+    there."""
     try:
         run, raw = session._sess.run_with_iobinding, binding._iobinding
     except AttributeError:

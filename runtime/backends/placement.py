@@ -22,8 +22,8 @@ FASTER_SHARE = 0.75
 # Other processes keeping this much of a core busy while a placement was timed make it
 # provisional: later loads time it again (up to RECHECKS times while the machine stays as
 # busy, then whenever it is BUSY_CORES quieter than it was), since a core taken by another
-# process favours fewer threads for as long as it is taken (issue 47: a first load beside one
-# busy process chose 1:1 for good, 0.58x of the best once the process had stopped).
+# process favours fewer threads for as long as it is taken, and a choice remembered from such
+# a moment would outlast it (docs/performance-notes.md §8.1, §9).
 BUSY_CORES = 0.25
 RECHECKS = 3
 QUIET_WINDOW_S = 0.2          # how long a later load looks at the machine before trusting it
@@ -102,9 +102,11 @@ def fastest(candidates: list[ModelSession], beside: ModelSession | None,
     moved by no single slow round. The draft is timed right after a pass of `beside_len`
     tokens of the target, as in the loop (docs/design.md §9).
 
-    Preferring fewer threads unless more were 15% faster kept 1:1 for good after a first
-    load beside a busy process (issue 47); timing one-token passes alone gave the target 1
-    thread though its 9-token verification gained 1.5x from a second one."""
+    All the cores are the default, left only for a clear gain, because a default of fewer
+    threads is what a busy moment favours and would then keep; and the passes timed are the
+    loop's, verifications included, because a verification of several tokens may gain from a
+    thread that a one-token step does not (docs/performance-notes.md §9, and "Figures from
+    code comments")."""
     past = min(32, candidates[0].max_context - max(*lengths, beside_len) - 1)
     one, after = np.zeros(1, np.int64), np.zeros(beside_len, np.int64)
     passes = [np.zeros(n, np.int64) for n in lengths]
