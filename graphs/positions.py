@@ -85,8 +85,9 @@ class Rope(nn.Module):
 
     def _partner(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., R) with each dim's partner in its place: the halves swapped (one Split and
-        one Concat of blocks; a Gather of single elements measured ~10x slower in ONNX
-        Runtime), or each pair swapped (interleaved)."""
+        one Concat of blocks, which ONNX Runtime runs far faster than a Gather of single
+        elements: docs/performance-notes.md, "Figures from code comments"), or each pair
+        swapped (interleaved)."""
         R = self.rotary_dim
         if self.interleaved:
             return x.index_select(-1, torch.arange(R) ^ 1)

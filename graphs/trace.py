@@ -128,7 +128,7 @@ def rewrite_rsqrt_as_div(path: Path) -> int:
     Hugging Face RMSNorms compute `x * rsqrt(mean(x²) + eps)`, which traces to
     Sqrt → Reciprocal → Mul. ONNX Runtime fuses the Pow → ReduceMean → Add → Sqrt → Div → Mul
     form into one SimplifiedLayerNormalization kernel, and leaves the other as six nodes per norm
-    (measured on a 2-layer draft: 140 → 110 nodes after optimisation). Same arithmetic up to one
+    (docs/performance-notes.md, "Figures from code comments"). Same arithmetic up to one
     rounding; parity is checked on the rewritten graph. Weights stay in the external data file.
     """
     model = onnx.load(str(path), load_external_data=False)

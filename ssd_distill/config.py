@@ -39,16 +39,17 @@ class Preset:
     ttt_steps: int = 1           # --kind head: drafting steps unrolled per position (§8)
 
 
-# Sized on this project's 2-core CPU (2026-12-03, docs/distill.md): SmolLM2-135M answers at
-# ~110-130 tok/s in batches of 32 (torch, KV cache), and labels text at ~390 tok/s.
+# Sized for a 2-core CPU from the speeds at which a ~135M target answers prompts (batched,
+# with a KV cache) and labels text: docs/distill.md §5 gives each preset's time, and
+# docs/performance.md, "Drafts made by ssd-distill", the measurements.
 PRESETS: dict[str, Preset] = {
     # a tiny test target in about a minute
     "quick": Preset(layers=1, prompts=24, new_tokens=24, text_tokens=2048, seq_len=96, batch=8,
                     epochs=4, lr=3e-3, head_tokens=None, generate_budget_s=120,
                     train_budget_s=120, min_tokens=200),
-    # a ~100-300M target in at most 45 minutes end to end. SmolLM2-135M, 2 threads: 21 min
-    # (answers 6.5 min at 140 tok/s, 400 training steps 14 min), held-out agreement 0.42; the
-    # same data at 3 epochs (75 steps) gave 0.29 (docs/performance.md)
+    # a ~100-300M target in at most 45 minutes end to end; its 16 epochs, since the same
+    # answers trained for fewer epochs agree less (docs/performance.md, "Drafts made by
+    # ssd-distill")
     "default": Preset(layers=4, prompts=400, new_tokens=128, text_tokens=65536, seq_len=320,
                       batch=16, epochs=16, lr=1e-3, head_tokens=8192,
                       generate_budget_s=1080, train_budget_s=1500),
@@ -63,9 +64,8 @@ PRESETS: dict[str, Preset] = {
 # steps, clips at 0.5, AdamW betas (0.9, 0.95), no weight decay, peak lr 5e-5 over 40 epochs of
 # 68k conversations on 8 GPUs; on 2 CPU cores the run is ~10^4 times smaller, hence a larger lr
 # and 4 unrolled steps (the runtime's k is rarely above 4 on CPU). `head_tokens` is the draft
-# vocabulary (d2t's length); `layers` is unused. SmolLM2-135M, 256 answers (2026-12-04, one
-# loaded core): 4 epochs (128 steps, 10 min) gave held-out agreement 0.246 at step 1, 12 epochs
-# (384 steps, 38 min) 0.340, the loss still falling (docs/distill.md §8).
+# vocabulary (d2t's length); `layers` is unused. More epochs over the same answers kept
+# raising the head's held-out agreement, the loss still falling (docs/distill.md §8).
 HEAD_PRESETS: dict[str, Preset] = {
     "quick": Preset(layers=1, prompts=24, new_tokens=24, text_tokens=2048, seq_len=96, batch=8,
                     epochs=8, lr=3e-3, head_tokens=None, generate_budget_s=120,

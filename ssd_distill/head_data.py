@@ -13,8 +13,9 @@ from ssd_runtime.errors import ConfigError
 from .data import Progress, Rows
 
 MIN_LAYERS = 7   # 2 < L//2 < L-3 are three distinct layers from L = 7 on
-# features are kept in float16; SmolLM2-135M's residual stream reaches ~25,000 on a few
-# "massive activation" channels (measured 2026-12-04), under float16's largest 65,504
+# features are kept in float16: a real target's residual stream reaches tens of thousands on
+# a few "massive activation" channels, still under float16's largest 65,504
+# (docs/performance-notes.md, "Figures from code comments")
 F16_MAX = 65504.0
 
 

@@ -264,7 +264,8 @@ def check_batch(root: Path, manifest: Any, role: str, rows: int = 3, seed: int =
     how far its logits for row 0's tokens in one call are from the same tokens one at a time.
     A target whose MatMulNBits round their activations to int8 (accuracy level 4) varies so:
     a rounding flipped by any other order of float operations moves its logits by ~1e-2
-    (SmolLM2-135M config, int8: 0.026; the rows graph against each row alone: 0.021)."""
+    (docs/performance.md, "A batch's verification in one call"; docs/performance-notes.md,
+    "Figures from code comments")."""
     from ssd_runtime.backends import cpu_session
 
     entry = getattr(manifest, role)

@@ -8,9 +8,9 @@ model. Two checks keep it trustworthy:
            weights, with the same cases and tolerance as a float graph. The graph is checked
            with its kernels computing in the input's float type (accuracy level 0), which
            reproduces that model; the bundle runs them at level 4, with each block of
-           activations rounded to int8 (3-5x faster steps on CPU; measured in §12), an
-           approximation of the activations that the quality report measures as part of the
-           quantized target;
+           activations rounded to int8 (the fast kernels on CPU: docs/performance-notes.md
+           §12), an approximation of the activations that the quality report measures as
+           part of the quantized target;
   quality  the quantized graph against the float graph on held-out text: top-1 agreement and
            perplexity, printed and recorded. Under `--quant auto` a scheme below its floor is
            not taken; an explicit choice is kept and named.
@@ -43,9 +43,9 @@ BITS = {"int8": 8, "int4": 4}
 # does not, and int8 activations amplify its ~1e-6 into ~0.04 (design §12, issue 44).
 # Static, not standard: only its shapes are the same for every row (the whole cache), so a
 # sequence's rows are also the same beside other sequences in a batch (the standard one's
-# are not: tests/export/test_row_exact.py). It costs: a decode step of SmolLM2-135M's shapes,
-# past 128, ran at 0.43-0.51x the ort flavour's speed for int4, 0.64x for int8 (standard
-# 0.65x for int4; performance.md)
+# are not: tests/export/test_row_exact.py). It costs some speed against the ort flavour
+# (docs/export.md, "Quantized targets: `--quant`"; the measurements: docs/performance-notes.md
+# §12)
 EXACT_QUANT_GRAPH = contract.STATIC
 ORT_QUANT_NOTE = ("a quantized target in the ort flavour computes a row alone (k=0) slightly "
                   "differently than among k+1 rows: speculation then parts from k=0 at some "

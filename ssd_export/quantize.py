@@ -4,9 +4,10 @@ The draft only proposes: the target judges every token, so a quantized draft cha
 many tokens are accepted, never which tokens come out (greedy or sampled; the sampled rule
 uses the quantized draft's own q). A small draft's step is mostly weight traffic, and after
 each target step its weights are evicted from the CPU caches by the target's; 8-bit weights
-are a quarter of the float32 bytes. Measured on the demo pair (2-core CPU): draft time per
-round -30% at unchanged acceptance with int8; int4 halves the bytes again but lost ~3% of the
-accepted tokens there (a tied 160-wide head quantized to 4 bits).
+are a quarter of the float32 bytes, so an int8 draft costs less a round at the same
+acceptance; int4 halves the bytes again, but a small draft's tied head quantized to 4 bits
+agrees less with the float draft and has fewer tokens accepted (docs/export.md,
+`--draft-quant`; docs/performance-notes.md, "int8 draft").
 
 Each MatMul whose B is a constant (or the transpose of one: a tied lm_head) becomes a
 MatMulNBits node: symmetric blocks of 32 along K, accuracy level 4 (activations quantized
@@ -96,8 +97,8 @@ def draft_scheme(quant: str, graph: str) -> Scheme:
     accuracy level 4 (int8 activations: the faster kernel; the draft's exact values never
     reach the output) in the ort flavour, DequantizeLinear in the others, which ONNX Runtime's
     CPU provider fuses into MatMulNBits at the level the manifest records (design §12): level
-    4 there too (at level 0 an int8 weight has no fast kernel: a SmolLM2-135M int8 draft step
-    took 1.8 s against 80 ms at level 4)."""
+    4 there too (at level 0 an int8 weight has no fast kernel: docs/performance-notes.md,
+    "Figures from code comments")."""
     form = contract.MATMULNBITS if graph == contract.ORT else contract.DEQUANTIZE
     return Scheme(BITS[quant], BLOCK, "rtn", True, form, ACCURACY_LEVEL)
 

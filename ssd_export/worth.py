@@ -152,9 +152,9 @@ def own_continuations(target: ModelSession, tokenizer, heldout: tuple[list[str],
     """Held-out text from the target's own distribution, for a check without --calib: each
     held-out text's first OWN_PROMPT_TOKENS tokens and the target graph's greedy continuation
     of them (the deployed target, quantized or not; to its EOS at most), until WORTH_TOKENS
-    tokens. A draft is asked to guess the target's continuations, not human text: on a
-    held-out Perl pair the docstrings predicted 1.31x where the bundle measured 2.00x
-    (issue 48)."""
+    tokens. A draft is asked to guess the target's continuations, not human text, and a
+    prediction made on human text can fall far short of what the bundle then measures
+    (docs/export.md, "A draft's worth")."""
     texts, source = heldout
     eos = set(manifest.tokenizer.eos_token_ids)
     written, total = [], 0
@@ -176,8 +176,8 @@ def own_continuations(target: ModelSession, tokenizer, heldout: tuple[list[str],
 
 def placement(manifest: Manifest) -> tuple[int, int]:
     """(target, draft) intra-op threads on the CPU: every core for the target, and one for a
-    draft of at most half its parameters (a small draft's step is too short to share: the
-    runtime picks 2:1 on the demo pair by timing, design §9), else every core too, so that a
+    draft of at most half its parameters (a small draft's step is too short to share, which is
+    what a load's timing finds too, design §9), else every core too, so that a
     draft as large as the target is timed on the same terms. Fixed rather than timed as a
     load does: timing the choice takes longer than the whole check, and a load remembers it
     (design §8.1) under the manifest, which is not final yet."""
