@@ -82,7 +82,8 @@ def hf_folders(sources: Sequence[str], say: Callable[[str], None]) -> Iterator[l
             if is_gguf(source) and source not in folders:
                 gguf = Path(source).expanduser()
                 say(f"    {source}: a GGUF file, converted to a temporary Hugging Face folder")
-                folders[source] = str(gguf_to_hf(gguf, Path(root) / gguf.stem, say=say))
+                out = Path(root) / f"{len(folders)}-{gguf.stem}"    # two files, one stem
+                folders[source] = str(gguf_to_hf(gguf, out, say=say))
         yield [folders.get(s, s) for s in sources]
 
 
@@ -92,7 +93,7 @@ def _convert(gguf: Path, out: Path, dtype: str, say: Callable[[str], None]) -> N
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
     from transformers.utils import logging
 
-    logging.disable_progress_bar()      # the reader's per-tensor bar; one line per step here
+    logging.disable_progress_bar()      # transformers' own (the reader's tqdm bar stays)
     folder, name, torch_dtype = str(gguf.parent), gguf.name, getattr(torch, dtype)
     try:
         say(f"    read the config and tokenizer of {name}")
