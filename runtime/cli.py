@@ -1,6 +1,7 @@
 """`ssd-run`: generate from a bundle on the command line.
 
     ssd-run bundle/ --prompt "def fib(n):" --max-new-tokens 64 --k 4 --stats
+    ssd-run bundle/ --chat --prompt "What is a prime number?" --stats
 """
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ssd-run", description="Generate text from an SSD bundle.")
     p.add_argument("bundle", help="bundle folder written by ssd-export")
     p.add_argument("--prompt", required=True, help="prompt text")
+    p.add_argument("--chat", action="store_true",
+                   help="the prompt is a user's chat message, rendered with the bundle's chat "
+                        "template as ssd-serve's /v1/chat/completions renders it (needs jinja2)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--k", type=k_option, default="auto",
                    help="draft tokens per round: auto (default, adaptive) or N; 0 = target alone")
@@ -69,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     gen = Generator.load(args.bundle, backend=args.backend, threads=args.threads,
                          mode=args.mode, recalibrate=args.recalibrate,
                          draft_backend=args.draft_backend)
+    prompt = _chat_ids(gen, args.prompt) if args.chat else args.prompt
     options = dict(max_new_tokens=args.max_new_tokens, k=args.k, temperature=args.temperature,
                    top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,
                    mode=args.mode, repetition_penalty=args.repetition_penalty,
@@ -79,12 +84,12 @@ def main(argv: list[str] | None = None) -> int:
                    prediction=_read(args.prediction, "--prediction") if args.prediction
                    else None)
     if args.json:
-        res = gen.generate(args.prompt, **options)
+        res = gen.generate(prompt, **options)
         print(json.dumps({"text": res.text, "token_ids": res.token_ids,
                           "stop_reason": res.stop_reason, "stats": res.stats.as_dict(),
                           "placement": gen.placement.as_dict() if gen.placement else None}))
         return 0
-    for piece in gen.stream(args.prompt, **options):
+    for piece in gen.stream(prompt, **options):
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
@@ -92,6 +97,14 @@ def main(argv: list[str] | None = None) -> int:
         print(format_stats(gen.last_result.stats), file=sys.stderr)
         print(f"threads target:draft {format_placement(gen.placement)}", file=sys.stderr)
     return 0
+
+
+def _chat_ids(gen, message: str) -> list[int]:
+    """One user message through the bundle's chat template (text.ChatTemplate: the one
+    ssd-serve renders with)."""
+    from .text import ChatTemplate
+
+    return ChatTemplate(gen.codec).prompt_ids([{"role": "user", "content": message}])
 
 
 def _response_format(args: argparse.Namespace) -> dict | None:

@@ -1,12 +1,16 @@
 """Text in and out: the bundle's tokenizer, used as Hugging Face would.
 
 The exporter records which ids the Hugging Face tokenizer adds around a text
-(prefix/suffix, e.g. BOS); encoding here adds exactly those. `TextStream`
-turns accepted ids into text pieces and cuts the output at stop strings.
+(prefix/suffix, e.g. BOS); encoding here adds exactly those. `ChatTemplate`
+renders chat messages with the bundle's template. `TextStream` turns accepted
+ids into text pieces and cuts the output at stop strings.
 """
 from __future__ import annotations
 
+import json
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from .errors import ConfigError
 from .manifest import TokenizerEntry
@@ -56,6 +60,51 @@ class TextCodec:
         for spaced, tight in CLEAN_UP:
             text = text.replace(spaced, tight)
         return text
+
+
+class ChatTemplate:
+    """Chat messages -> prompt ids with the bundle's `tokenizer.chat_template`, rendered as
+    Hugging Face's `apply_chat_template` renders it: a sandboxed jinja2 environment with
+    trim_blocks/lstrip_blocks, `raise_exception`, `tojson`, `strftime_now`,
+    `add_generation_prompt=True` and the special tokens as text; the result is tokenized
+    without adding special tokens again. Compiled once; `problem` says why a template the
+    bundle has cannot be used (it does not compile, or jinja2 is not installed)."""
+
+    def __init__(self, codec: TextCodec) -> None:
+        self.codec = codec
+        source = codec.entry.chat_template
+        if isinstance(source, dict):      # named templates, from a bundle of before the export
+            source = source.get("default")    # chose one: apply_chat_template's without tools
+        self.template, self.problem = None, ""
+        try:
+            self.template = _compile(source) if source else None
+        except ConfigError as exc:
+            self.problem = str(exc)
+        except ImportError:
+            self.problem = ("rendering it needs jinja2, which is not installed. ---> HINT: pip "
+                            "install jinja2 (or 'ssd-toolkit[serve]')")
+        self.special_tokens = _special_tokens(codec)
+
+    def render(self, messages: list[dict[str, Any]]) -> str:
+        """The prompt's text; a ConfigError where there is no usable template or it refuses
+        these messages."""
+        if self.problem:
+            raise ConfigError(f"this model's chat template cannot be used: {self.problem}")
+        if self.template is None:
+            raise ConfigError("this model has no chat template (the bundle's manifest has no "
+                              "tokenizer.chat_template). ---> HINT: give the prompt as text in "
+                              "the model's own format, or export from a tokenizer that has a "
+                              "chat template.")
+        from jinja2 import TemplateError
+
+        try:
+            return self.template.render(messages=messages, add_generation_prompt=True,
+                                        tools=None, documents=None, **self.special_tokens)
+        except TemplateError as exc:
+            raise ConfigError(f"the chat template refused these messages: {exc}") from None
+
+    def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        return self.codec.tokens(self.render(messages))
 
 
 # transformers' clean_up_tokenization, in its order
@@ -154,3 +203,54 @@ def _overlap(text: str, stop: str) -> int:
         if text.endswith(stop[:n]):
             return n
     return 0
+
+
+def _compile(source: str) -> Any:
+    import jinja2
+    from jinja2 import nodes
+    from jinja2.ext import Extension, loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+               separators: Any = None, sort_keys: bool = False) -> str:
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    class Generation(Extension):
+        """{% generation %}...{% endgeneration %} marks the assistant's part for training
+        masks (Hugging Face's AssistantTracker); rendering a prompt, it is its body as is."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.Scope(body, lineno=lineno)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[loopcontrols, Generation])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ConfigError(f"the bundle's tokenizer.chat_template does not compile: {exc} (line "
+                          f"{exc.lineno}). ---> HINT: fix the template in the tokenizer config "
+                          f"and re-export the bundle.") from None
+
+
+def _special_tokens(codec: TextCodec) -> dict[str, str]:
+    """bos_token / eos_token / pad_token (/ unk_token) as text, as apply_chat_template passes
+    them: the Hugging Face tokenizer's own, recorded by the export; a bundle of schema 4 or
+    older has only ids, and the first EOS id stands for eos_token."""
+    entry, tokenizer = codec.entry, codec.tokenizer
+    if entry.special_tokens:
+        return dict(entry.special_tokens)
+    ids = {"bos_token": entry.bos_token_id, "pad_token": entry.pad_token_id,
+           "eos_token": entry.eos_token_ids[0] if entry.eos_token_ids else None}
+    tokens = {name: tokenizer.id_to_token(i) for name, i in ids.items() if i is not None}
+    return {name: token for name, token in tokens.items() if token is not None}

@@ -2,7 +2,8 @@
 
 `ssd-export` builds an `ExportConfig` and calls `export_bundle(config)`;
 `ssd-build-engines DIR` adds TensorRT engines to an existing bundle on the GPU
-machine. Errors print one line and exit 2, never a traceback.
+machine; `ssd-gguf-to-hf MODEL.gguf OUT/` writes a GGUF file as a Hugging Face
+folder. Errors print one line and exit 2, never a traceback.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ssd_runtime.errors import cli_main
 
 from .config import (QUANT_BLOCKS, DType, Engines, ExportConfig, Graph, Quant, QuantCompute,
                      QuantMethod, TargetQuant)
+from .gguf import DTYPES as GGUF_DTYPES
 
 EXTRA_HINT = ("ssd-export needs the exporter's packages (torch, transformers, onnx, onnxscript). "
               "---> HINT: pip install 'ssd-toolkit[export]'")
@@ -25,9 +27,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ssd-export",
         description="Export a target/draft pair of Hugging Face causal LMs to an SSD bundle.")
-    p.add_argument("--target", help="target model: local Hugging Face folder or hub id")
-    p.add_argument("--draft", help="draft model sharing the target's tokenizer, an EAGLE-3 "
-                                   "head's folder, or 'mtp': the target's own MTP layer "
+    p.add_argument("--target", help="target model: local Hugging Face folder, hub id, or a "
+                                    ".gguf file (converted to a temporary folder first; needs "
+                                    "the gguf package)")
+    p.add_argument("--draft", help="draft model sharing the target's tokenizer (a folder, hub "
+                                   "id or .gguf file; the target's own gives its int8 copy), an "
+                                   "EAGLE-3 head's folder, or 'mtp': the target's own MTP layer "
                                    "(DeepSeek V3, GLM-4 MoE)")
     p.add_argument("--output", type=Path, help="bundle folder to write")
     p.add_argument("--max-context", type=int, default=None,
@@ -149,6 +154,39 @@ def build_engines_main(argv: list[str] | None = None) -> int:
     built = [e.path for e in manifest.engines][-2:]
     say(f"ssd-build-engines: wrote {', '.join(built)} and updated "
         f"{args.bundle / 'manifest.json'}")
+    return 0
+
+
+def gguf_to_hf_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ssd-gguf-to-hf",
+        description="Write a GGUF model file (llama.cpp's format) as a Hugging Face folder: "
+                    "config, dequantized safetensors, tokenizer and chat template, for "
+                    "ssd-export, ssd-distill or transformers. Needs the gguf package.")
+    p.add_argument("gguf", type=Path, help="the .gguf file")
+    p.add_argument("output", type=Path, help="folder to write (written whole or not at all)")
+    p.add_argument("--dtype", choices=GGUF_DTYPES, default="float32",
+                   help="the weights' dtype once dequantized (default float32)")
+    p.add_argument("--force", action="store_true", help="replace an existing output folder")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    return p
+
+
+@cli_main("ssd-gguf-to-hf", "interrupted; nothing was written.")
+def gguf_to_hf_main(argv: list[str] | None = None) -> int:
+    args = gguf_to_hf_parser().parse_args(argv)
+    from .gguf import gguf_to_hf
+
+    say = (lambda text: None) if args.quiet else \
+        (lambda text: print(text, file=sys.stderr, flush=True))
+    try:
+        out = gguf_to_hf(args.gguf, args.output, args.dtype, args.force, say)
+    except ImportError as exc:
+        print(f"ssd-gguf-to-hf: error: reading a GGUF file needs torch and transformers. "
+              f"---> HINT: pip install 'ssd-toolkit[export]' (missing: {exc.name})",
+              file=sys.stderr)
+        return 2
+    say(f"ssd-gguf-to-hf: wrote {out} from {args.gguf}")
     return 0
 
 

@@ -26,6 +26,7 @@ from .eagle3 import check_head_request, is_head, read_head
 from .mtp import MTP_DRAFT, read_mtp
 from .config import DEFAULT_MAX_CONTEXT, ExportConfig
 from .engines import export_engines, require_tensorrt
+from .gguf import check_gguf, hf_folders, is_gguf
 from .loading import LoadedModel, check_architecture, load_model
 from .pair import (added_ids, chat_template, check_vocabularies, eos_ids,
                    generation_defaults, special_tokens, text_settings)
@@ -37,9 +38,22 @@ from .worth import measure_worth
 
 
 def export_bundle(config: ExportConfig) -> Manifest:
-    """Export `config.target` and `config.draft` into a bundle at `config.output`."""
+    """Export `config.target` and `config.draft` into a bundle at `config.output`; a .gguf
+    target or draft is first converted into a temporary Hugging Face folder (gguf.py)."""
     log = _Progress(config.quiet)
     _quiet_transformers()
+    _check_request(config)
+    sources = (config.target, config.draft)
+    for source in filter(is_gguf, sources):      # before any conversion: one line each
+        check_gguf(Path(source).expanduser())
+    with hf_folders(sources, log.print) as (target, draft):
+        named = {folder: source for folder, source in zip((target, draft), sources)
+                 if folder != source}     # the manifest names the GGUF, not the temporary folder
+        return _export(replace(config, target=target, draft=draft), log, named)
+
+
+def _check_request(config: ExportConfig) -> None:
+    """The checks that read no model, before any work."""
     check_output(config.output, config.force)
     if not 1 <= config.max_draft <= 64:
         raise ConfigError(f"--max-draft {config.max_draft} must be between 1 and 64.")
@@ -51,6 +65,9 @@ def export_bundle(config: ExportConfig) -> Manifest:
                           f"{config.max_draft + 2} for a prompt token and a verification of "
                           f"max_draft + 1 tokens). ---> HINT: raise --max-context or lower "
                           f"--max-draft.")
+
+
+def _export(config: ExportConfig, log: _Progress, named: dict[str, str]) -> Manifest:
     mtp_draft = config.draft == MTP_DRAFT    # the target's own MTP layer (§14)
     if mtp_draft:       # a class with MTP layers the toolkit does not read: refused by name
         check_head_request(config, "--draft mtp")
@@ -94,6 +111,9 @@ def export_bundle(config: ExportConfig) -> Manifest:
     with log.stage("load models and tokenizers"):
         target = load_model(config.target, "target", config.dtype)
         draft = None if head_draft else load_model(config.draft, "draft", config.dtype)
+        for loaded in (target, draft):
+            if loaded is not None:
+                loaded.source = named.get(loaded.source, loaded.source)
     with log.stage("check the pair"):
         if draft is None:       # read, and checked against the target, before any writing
             head = read_mtp(config.target, target.model) if mtp_draft \

@@ -301,3 +301,33 @@ def test_cli_round_trip(bundle_copy):
                "--stats", "--threads", "1")
     assert proc.returncode == 0 and "tokens/s=" in proc.stderr and "acceptance=" in proc.stderr
     assert "threads target:draft 1:1 (given)" in proc.stderr
+
+
+CHAT = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}\n"
+        "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+
+
+def test_cli_chat_applies_the_bundles_template(bundle_copy):
+    """ssd-run --chat: the prompt is a user message rendered as apply_chat_template renders it
+    (the ids ssd-serve's chat completions build); a bundle without a template is one line."""
+    from transformers import PreTrainedTokenizerFast
+
+    from ssd_runtime import Generator
+
+    proc = run("ssd_runtime.cli", bundle_copy, "--chat", "--prompt", "hi", "--threads", "1")
+    assert_clean_error(proc, "ssd-run", r"this model has no chat template .*HINT")
+    data = json.loads((bundle_copy / "manifest.json").read_text())
+    data["tokenizer"]["chat_template"] = CHAT           # manifest.json carries no checksum
+    (bundle_copy / "manifest.json").write_text(json.dumps(data))
+    proc = run("ssd_runtime.cli", bundle_copy, "--chat", "--prompt", "def f(x):", "--k", "2",
+               "--max-new-tokens", "8", "--min-new-tokens", "8", "--threads", "1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(bundle_copy / "tokenizer" / "tokenizer.json"),
+                                  bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    tok.chat_template = CHAT
+    ids = tok.apply_chat_template([{"role": "user", "content": "def f(x):"}],
+                                  add_generation_prompt=True, tokenize=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    expected = Generator.load(bundle_copy, threads=1).generate(ids, max_new_tokens=8, k=0,
+                                                               min_new_tokens=8)
+    assert json.loads(proc.stdout)["token_ids"] == expected.token_ids
