@@ -11,6 +11,7 @@ docs/design.md §11.
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 from time import perf_counter
@@ -46,8 +47,16 @@ class BatchCost:
     verify: tuple[tuple[int, float], ...]      # (T, seconds), T rising
 
     def verify_time(self, length: int) -> float:
-        ts, secs = zip(*self.verify)
-        return float(np.interp(length, ts, secs))
+        """Seconds of a verification of `length` tokens, interpolated linearly between the
+        timed lengths (clamped at both ends, as np.interp; plain Python: it runs every round,
+        over a handful of points)."""
+        pairs = self.verify
+        if length <= pairs[0][0]:
+            return pairs[0][1]
+        for (t0, s0), (t1, s1) in zip(pairs, pairs[1:]):
+            if length <= t1:
+                return s0 + (s1 - s0) * (length - t0) / (t1 - t0)
+        return pairs[-1][1]
 
     def round_time(self, k: int) -> float:
         return k * self.draft_step + self.verify_time(k + 1)
@@ -138,8 +147,8 @@ class LiveCost:
     def _factor(self, width: int) -> float:
         if width in self.verify_factor:
             return self.verify_factor[width]
-        seen = list(self.verify_factor.values())
-        return float(np.exp(np.mean(np.log(seen)))) if seen else 1.0
+        seen = self.verify_factor.values()      # their geometric mean (every round: no numpy)
+        return math.exp(math.fsum(map(math.log, seen)) / len(seen)) if seen else 1.0
 
     def verify_time(self, length: int) -> float:
         return self.cost.verify_time(length) * self._factor(length)
