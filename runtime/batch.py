@@ -125,10 +125,12 @@ class Batch:
     # -- joining and leaving --------------------------------------------------------------
 
     def add(self, prompt: str | Sequence[int], max_new_tokens: int = 128,
-            k: int | Literal["auto"] | None = None, **settings: Any) -> int:
+            k: int | Literal["auto"] | None = None, *, pieces: bool = True,
+            **settings: Any) -> int:
         """Queue a sequence (Generator.stream's settings, each its own); returns its id. It
         takes the lowest free slot at the next round. `k` caps this sequence's draft length
-        (k=0: the target alone for it). Bad settings raise ConfigError here; nothing else
+        (k=0: the target alone for it). `pieces=False`: its events carry no text, its result
+        the whole text (generate_batch). Bad settings raise ConfigError here; nothing else
         is disturbed."""
         if not self.alone:
             mode = settings.pop("mode", None)
@@ -141,7 +143,7 @@ class Batch:
                                   f"with Generator.stream.")
             settings.update(mode="sequential", fused=False)
         return self.submit(self.gen.request(prompt, max_new_tokens,
-                                            self.k if k is None else k, **settings))
+                                            self.k if k is None else k, **settings), pieces)
 
     def submit(self, req: Request, pieces: bool = True) -> int:
         """Queue a checked request (Generator.request); returns its id. `pieces=False`: its

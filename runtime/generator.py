@@ -232,7 +232,7 @@ class Generator:
                             raise ConfigError(f"prompts[{i}] has no 'prompt'.")
                         own.update(item)
                         item = own.pop("prompt")
-                    index[batch.add(item, **own)] = i
+                    index[batch.add(item, pieces=False, **own)] = i
                 except (ConfigError, TypeError) as exc:
                     results[i] = GenerationResult([], "", "error", Stats(backend=self.backend),
                                                   error=f"prompts[{i}]: {exc}")
