@@ -371,3 +371,48 @@ def test_a_batch_stops_drafting_where_its_rounds_say_drafting_loses(bundle_facto
             assert drafted == 0 and guard.held > 0 and guard.probes == 0
         else:
             assert drafted > 0 and guard.probes >= 1
+
+
+def test_generate_and_stream_are_a_batch_of_one(bundle_factory, monkeypatch):
+    """One engine: generate and stream step a batch of one slot (batch.py), and give what that
+    batch gives when driven by hand: the same tokens, text, stop reason and counts."""
+    import ssd_runtime.batch as batch_module
+
+    gen = Generator.load(bundle_factory("llama", "llama_cut"), max_batch=2, threads=1)
+    steps = []
+    real = batch_module.Batch.step
+    monkeypatch.setattr(batch_module.Batch, "step",
+                        lambda self: steps.append(len(self.slots)) or real(self))
+    res = gen.generate(prompt_ids(40), max_new_tokens=NEW, k=3)
+    assert steps and set(steps) == {1}                    # every step over one slot
+    streamed = "".join(gen.stream(prompt_ids(40), max_new_tokens=NEW, k=3))
+    assert streamed == res.text == gen.last_result.text
+    monkeypatch.undo()
+    with gen.batch(k=3, slots=1) as batch:
+        batch.add(prompt_ids(40), max_new_tokens=NEW)
+        events = []
+        while batch.active:
+            events += batch.step()
+    by_hand = events[-1].result
+    assert (by_hand.token_ids, by_hand.text, by_hand.stop_reason) == \
+        (res.token_ids, res.text, res.stop_reason)
+    assert (by_hand.stats.drafted, by_hand.stats.accepted, by_hand.stats.rounds) == \
+        (res.stats.drafted, res.stats.accepted, res.stats.rounds)
+    assert res.stats.mode == "sequential" and res.stats.prompt_tokens == 40
+
+
+def test_split_mode_is_for_a_batch_of_one_slot(bundle_factory):
+    """Split mode drafts on a core of its own beside the verification: a batch of one slot
+    (generate, stream, a one-slot server) runs it, a batch of several refuses it by name."""
+    gen = Generator.load(bundle_factory("llama", "llama_cut"), max_batch=2, threads=1)
+    alone = gen.generate(prompt_ids(7), max_new_tokens=NEW, k=0).token_ids
+    with gen.batch(k=4, slots=1) as batch:
+        batch.add(prompt_ids(7), max_new_tokens=NEW, mode="split")
+        results = []
+        while batch.active:
+            results += [e.result for e in batch.step() if e.result is not None]
+    assert results[0].token_ids == alone and results[0].stats.mode == "split"
+    assert results[0].stats.split_bets > 0
+    with gen.batch(k=4) as batch:
+        with pytest.raises(ConfigError, match="sequential mode only"):
+            batch.add(prompt_ids(7), mode="split")
