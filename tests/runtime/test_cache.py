@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 import ssd_runtime.backends as backends
-from ssd_runtime import BundleError, Generator, cache, generator, manifest
+from ssd_runtime import BundleError, Generator, cache, manifest
+from ssd_runtime.scheduler import planner
 
 
 @pytest.fixture
@@ -45,7 +46,7 @@ def counts(monkeypatch) -> dict[str, int]:
     # the machine as quiet while threads are timed, whatever else runs on it: a placement
     # timed on a busy one is timed again at later loads (test_placement.py checks that)
     monkeypatch.setattr(backends, "Busy", Quiet)
-    counted(generator, "calibrate", "calibrated")
+    counted(planner, "calibrate", "calibrated")
     return seen
 
 
