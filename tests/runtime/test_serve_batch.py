@@ -321,3 +321,50 @@ def test_nothing_is_lost_under_load(paused, bundle):
     counted = r'^ssd_requests_total\{[^}]*status="%s"[^}]*\} [1-9]'
     assert re.search(counted % "400", metrics, re.M)             # (the 4xx are counted ...)
     assert not re.search(counted % r"5\d\d", metrics, re.M)       # ... and no 5xx)
+
+
+@pytest.mark.parametrize("max_batch", ["1", "4"])
+def test_sigterm_drains_the_requests_in_flight(bundle, tmp_path, max_batch):
+    """SIGTERM while three streams run (one slot: two of them wait in line): no new request is
+    taken, each stream still ends with [DONE] and the text its prompt gives alone, and the
+    server exits without an error."""
+    import signal
+
+    srv = ServerProcess(bundle, tmp_path / "server.log", "--model-name", MODEL, "--threads",
+                        "1", "--k", "3", "--max-batch", max_batch)
+    bodies = [dict(model=MODEL, prompt=PROMPTS[i], max_tokens=32, temperature=0, stream=True)
+              for i in range(3)]
+    got: list = [None] * 3
+    first = [threading.Event() for _ in range(3)]
+
+    def one(i: int) -> None:
+        with httpx.Client(base_url=srv.url, timeout=60) as http:
+            with http.stream("POST", "/v1/completions", json=bodies[i]) as res:
+                lines = res.iter_lines()
+                head = next(lines)
+                first[i].set()
+                got[i] = [line for line in (head, *lines) if line]
+
+    try:
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        # every request taken: decoding (its first line read) or waiting in line (one slot)
+        deadline = time.monotonic() + 60
+        while sum(e.is_set() for e in first) + srv.health()["queue_depth"] < 3:
+            assert time.monotonic() < deadline, srv.health()
+            time.sleep(0.01)
+        srv.proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(60)
+        # uvicorn drains, then exits by the signal it caught (its handler re-raises it)
+        assert srv.proc.wait(30) in (0, -signal.SIGTERM), srv.log.read_text()[-2000:]
+        assert "Traceback" not in srv.log.read_text()
+    finally:
+        srv.stop()
+    gen = Generator.load(bundle, threads=1)
+    for body, lines in zip(bodies, got):
+        assert lines is not None and lines[-1] == "data: [DONE]"
+        text = "".join(json.loads(line[6:])["choices"][0]["text"] for line in lines
+                       if line.startswith("data: {"))
+        assert text == gen.generate(body["prompt"], max_new_tokens=32, k=0).text
