@@ -180,12 +180,16 @@ class Batch:
         events, self._done = self._done, []
         self._admit()
         running = self._running()
-        if running:         # this round's plan, known before the prefill: newcomers' drafts wait
-            self.planner.plan([s.row for s in running], _span(running))
-        self._prefill()
-        run = [s for s in self._running() if s.prefilled]
+        if not running:
+            return events + self._take_done()
+        # this round's plan, known before the prefill: newcomers' drafts wait
+        self.planner.plan([s.row for s in running], _span(running))
+        if not all(s.prefilled for s in running):
+            self._prefill(running)
+            running = self._running()
+        run = [s for s in running if s.prefilled]
         if run:
-            events += self._round(run)
+            events += self._round(run, len(run) != len(running))
         return events + self._take_done()
 
     def _admit(self) -> None:
@@ -205,11 +209,10 @@ class Batch:
                           logprobs=req.logprobs, cap=req.k if isinstance(req.k, int) else None)
             self.slots[slot] = seq
 
-    def _prefill(self) -> None:
+    def _prefill(self, running: list[_Sequence]) -> None:
         """Newcomers' prompts in chunks of PREFILL_CHUNK, PREFILL_BUDGET tokens a step in all
         where other sequences may be decoding (a long prompt then takes several steps, and
         those wait one chunk's time per round); the whole prompt in a batch of one slot."""
-        running = self._running()
         budget = self.max_context if self.alone else PREFILL_BUDGET
         drafting = self.planner.feeds_drafts(len(running))
         for seq in running:
@@ -243,18 +246,17 @@ class Batch:
             if budget <= 0:
                 break
 
-    def _round(self, run: list[_Sequence]) -> list[Event]:
-        now = perf_counter()
-        for seq in run:
-            if seq.first_round is None:
-                seq.first_round = now
+    def _round(self, run: list[_Sequence], newcomers: bool) -> list[Event]:
         rows, span = [s.row for s in run], _span(run)
         cap = self.planner.cap
-        if len(run) != len(self._running()):      # newcomers still prefilling: without them
+        if newcomers:                             # still prefilling: planned without them
             cap = self.planner.plan(rows, span)
         cap = self.planner.guarded(rows, cap)
         lengths = self._lengths(span) if len(run) > 1 else None
         t0 = perf_counter()
+        for seq in run:
+            if seq.first_round is None:
+                seq.first_round = t0
         emitted = self.loop.round(rows, cap, lengths)
         self.planner.observe(self.loop, rows, span, emitted, perf_counter() - t0)
         self.rounds += 1
