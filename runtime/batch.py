@@ -132,16 +132,8 @@ class Batch:
         (k=0: the target alone for it). `pieces=False`: its events carry no text, its result
         the whole text (generate_batch). Bad settings raise ConfigError here; nothing else
         is disturbed."""
-        if not self.alone:
-            mode = settings.pop("mode", None)
-            if mode not in (None, "sequential"):
-                raise ConfigError(f"mode={mode!r}: a batch of several slots decodes in "
-                                  f"sequential mode only (split mode drafts one sequence's "
-                                  f"next round on a core of its own, and a batch's "
-                                  f"verification keeps every core busy; docs/design.md §11). "
-                                  f"---> HINT: drop mode, or decode this sequence alone "
-                                  f"with Generator.stream.")
-            settings.update(mode="sequential", fused=False)
+        if not self.alone:          # not the generator's default mode: it may be split
+            settings.update(mode=settings.get("mode") or "sequential", fused=False)
         return self.submit(self.gen.request(prompt, max_new_tokens,
                                             self.k if k is None else k, **settings), pieces)
 
@@ -149,8 +141,11 @@ class Batch:
         """Queue a checked request (Generator.request); returns its id. `pieces=False`: its
         text is decoded once at the end (Generator.generate), not piece by piece."""
         if not self.alone and req.mode != "sequential":
-            raise ConfigError("a batch of several slots decodes in sequential mode only. "
-                              "---> HINT: make the request with mode='sequential'.")
+            raise ConfigError(f"mode={req.mode!r}: a batch of several slots decodes in "
+                              f"sequential mode only (split mode drafts one sequence's next "
+                              f"round on a core of its own, and a batch's verification keeps "
+                              f"every core busy; docs/design.md §11). ---> HINT: drop mode, "
+                              f"or decode this sequence alone with Generator.stream.")
         stats = Stats(backend=self.gen.backend, k=req.k, prompt_tokens=len(req.ids),
                       mode=req.mode if self.alone else "batch",
                       threads=f"{self.target.threads}:{self.draft.threads}")

@@ -43,7 +43,6 @@ class Generator:
                  recalibrate: bool = False, draft_backend: str | None = None) -> None:
         self.root, self.manifest, self.mode = root, manifest, _checked_mode(mode)
         self.max_batch = _checked_batch(max_batch, manifest)
-        self.recalibrate = recalibrate               # measure again what cache.py remembers
         self.codec = TextCodec(root, manifest.tokenizer)
         opened = open_backend(root, manifest, backend, threads, mode, self.max_batch,
                               recalibrate, draft_backend)
@@ -202,12 +201,7 @@ class Generator:
         """A batch over `slots` (default: all max_batch) of this generator's slots (batch.py):
         add sequences, step rounds. It holds the generator (like a stream) until closed; use
         it as a context."""
-        self._take("a batch")
-        try:
-            return Batch(self, k, slots)
-        except BaseException:
-            self._busy.release()
-            raise
+        return self._open(k, slots, "a batch")
 
     def generate_batch(self, prompts: Sequence[Any], max_new_tokens: int = 128,
                        k: int | Literal["auto"] = "auto", **settings: Any
@@ -247,7 +241,9 @@ class Generator:
         """A batch gives the slots back (Batch.close)."""
         self._busy.release()
 
-    def _take(self, what: str) -> None:
+    def _open(self, k: int | Literal["auto"], slots: int | None, what: str) -> Batch:
+        """A batch over the slots, which it holds until closed (ConfigError if another holds
+        them: `what` names what could not start)."""
         if not self._busy.acquire(blocking=False):
             raise ConfigError(f"this Generator is already decoding another sequence (a stream "
                               f"or a batch holds its KV slots), so {what} cannot start. "
@@ -255,6 +251,11 @@ class Generator:
                               f"together in one batch (gen.batch(), generate_batch), or load "
                               f"a second Generator (ssd-serve batches or queues requests for "
                               f"you).")
+        try:
+            return Batch(self, k, slots)
+        except BaseException:
+            self._busy.release()
+            raise
 
     def defaults(self, openai: bool = False) -> dict[str, float]:
         """What an unset temperature, top_k, top_p or repetition_penalty means: the value the
@@ -272,13 +273,7 @@ class Generator:
         """One sequence: a batch of one slot, stepped until it ends (`last_result`). One user
         of the KV slots at a time: a second stream decoding beside the first would overwrite
         its rows. Taken when decoding starts, freed when the stream ends or is closed."""
-        self._take("another sequence")
-        try:
-            batch = Batch(self, req.k, 1)
-        except BaseException:
-            self._busy.release()
-            raise
-        with batch:
+        with self._open(req.k, 1, "another sequence") as batch:
             batch.submit(req, pieces)
             while batch.active:
                 for event in batch.step():

@@ -147,8 +147,7 @@ def build_engines_main(argv: list[str] | None = None) -> int:
     args = build_engines_parser().parse_args(argv)
     from .engines import add_engines
 
-    say = (lambda text: None) if args.quiet else \
-        (lambda text: print(text, file=sys.stderr, flush=True))
+    say = _progress(args.quiet)
     manifest = add_engines(args.bundle, args.precision, args.version_compatible, args.force,
                            say)
     built = [e.path for e in manifest.engines][-2:]
@@ -177,8 +176,7 @@ def gguf_to_hf_main(argv: list[str] | None = None) -> int:
     args = gguf_to_hf_parser().parse_args(argv)
     from .gguf import gguf_to_hf
 
-    say = (lambda text: None) if args.quiet else \
-        (lambda text: print(text, file=sys.stderr, flush=True))
+    say = _progress(args.quiet)
     try:
         out = gguf_to_hf(args.gguf, args.output, args.dtype, args.force, say)
     except ImportError as exc:
@@ -188,6 +186,12 @@ def gguf_to_hf_main(argv: list[str] | None = None) -> int:
         return 2
     say(f"ssd-gguf-to-hf: wrote {out} from {args.gguf}")
     return 0
+
+
+def _progress(quiet: bool):
+    """Progress lines to stderr, or nothing with --quiet."""
+    return (lambda text: None) if quiet else \
+        (lambda text: print(text, file=sys.stderr, flush=True))
 
 
 if __name__ == "__main__":

@@ -78,8 +78,8 @@ class RoundTimes:
     the calibration's times, times the machine's pace, times each k's own correction.
 
     The calibration times each model alone at one past length; in the loop a verification's
-    time grows with k otherwise than the calibration's did (docs/performance-notes.md,
-    "`ssd-bench` runs before 2026-12-01"), and a shared machine speeds up and slows down for
+    time grows with k otherwise than the calibration's did (docs/performance-notes.md, the
+    first section: the early `ssd-bench` runs), and a shared machine speeds up and slows down for
     every k alike. So every round moves the pace a tenth of the way (in ratio) to what it took
     against the calibration, and moves its own k's correction a twentieth of the way to what
     it took against the expected time: the pace takes the machine's drift, the corrections
