@@ -303,6 +303,8 @@ class Batch:
         st.seconds["decode"] = now - seq.first_round if seq.first_round is not None else 0.0
         st.seconds["host"] = max(0.0, st.seconds["decode"] - st.seconds["draft"]
                                  - st.seconds["verify"])
+        if seq.req.earlier is not None:              # its text drafts later requests
+            seq.req.earlier.add(seq.req.ids + seq.text.ids)
         if seq.row is not None:
             drafter = seq.row.drafter
             drafter.close()                          # split mode: its bet thread

@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", default="sequential", help="comma-separated: sequential,split")
     p.add_argument("--draft-source", default="fused",
                    help="comma-separated: fused (lookup where it pays, the draft model "
-                        "elsewhere), model, lookup (docs/runtime.md)")
+                        "elsewhere), model, lookup, suffix (lookup with the text of the run's "
+                        "earlier prompts of that configuration), fused+suffix (docs/runtime.md)")
     p.add_argument("--threads", default=None,
                    help="comma-separated target:draft placements, and/or 'default' (the "
                         "runtime's own choice, remembered or timed at load; what runs when "

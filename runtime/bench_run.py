@@ -48,7 +48,7 @@ def run_bench(bundle: str, configs: list[Config], prompts: list[str], max_new_to
     outputs: dict[int, list[int]] = {}               # the target alone's tokens per prompt
     for c in configs:                                    # warm-up, not recorded
         gens[c.load].generate(prompts[0], max_new_tokens=8, k=c.k, mode=c.mode,
-                                 draft_source=c.source)
+                                 draft_source=c.source, tenant="warm-up")
     # the bound's c and v(k): one timed pass of each k (after a warm-up pass) before every
     # prompt, beside the runs, and the median of them all taken: the machine's state moves,
     # so the samples are spread over the run (20 in the default run: 10 prompts, 2 repeats).
@@ -66,7 +66,10 @@ def run_bench(bundle: str, configs: list[Config], prompts: list[str], max_new_to
                 res = gens[c.load].generate(prompt, max_new_tokens=max_new_tokens, k=c.k,
                                                mode=c.mode, temperature=temperature,
                                                seed=p if temperature else None,
-                                               coupling=coupling, draft_source=c.source)
+                                               coupling=coupling, draft_source=c.source,
+                                               # "suffix": the earlier prompts of this
+                                               # configuration and repeat only
+                                               tenant=f"{c!r}/{r}")
                 runs[c].append((p, res.stats))
                 if c.k == 0:
                     outputs.setdefault(p, res.token_ids)

@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop when this text appears (repeatable); it is not printed")
     p.add_argument("--mode", choices=("sequential", "split"), default="sequential",
                    help="split: draft the next round while the target verifies")
-    p.add_argument("--draft-source", default="fused", choices=("fused", "model", "lookup"),
+    p.add_argument("--draft-source", default="fused",
+                   choices=("fused", "model", "lookup"),
                    help="who drafts: fused (continuations found earlier in the text where they "
                         "pay, the draft model elsewhere; default), model, lookup")
     p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda", "trt"))

@@ -21,12 +21,13 @@ from .round.drafting import Drafter, Schedule, SplitDrafter
 from .round.features import HeadDrafter, attach
 from .round.heads import HeadSessions
 from .round.logprobs import MAX_TOP, Logprobs
-from .round.lookup import DRAFT_SOURCES, Lookup
+from .round.lookup import DRAFT_SOURCES, EARLIER, Lookup
 from .round.loop import Stats
 from .round.grammar import Constraint, tokenizer_for
 from .round.schema_length import TokenPieces
 from .round.rules import Rule
 from .round.sampling import SamplingParams
+from .round.suffix import DEFAULT_BUDGET, SuffixStore
 from .scheduler.planner import Knowledge
 from .text import TextCodec
 
@@ -40,7 +41,8 @@ class Generator:
     def __init__(self, root: Path, manifest: Manifest, backend: str = "auto",
                  threads: Threads = None, fused_heads: bool | None = None,
                  mode: Mode = "sequential", max_batch: int = 1,
-                 recalibrate: bool = False, draft_backend: str | None = None) -> None:
+                 recalibrate: bool = False, draft_backend: str | None = None,
+                 suffix_budget: int = DEFAULT_BUDGET) -> None:
         self.root, self.manifest, self.mode = root, manifest, _checked_mode(mode)
         self.max_batch = _checked_batch(max_batch, manifest)
         self.codec = TextCodec(root, manifest.tokenizer)
@@ -69,12 +71,15 @@ class Generator:
             if manifest.draft.kind in contract.HEADS else None
         if self.features is not None and self.mode == "split":
             raise ConfigError(_SPLIT_HEAD)
+        # earlier requests' text, per tenant, for draft_source="suffix" (round/suffix.py)
+        self.suffixes = SuffixStore(_checked_budget(suffix_budget))
 
     @classmethod
     def load(cls, bundle: str | Path, backend: str = "auto", threads: Threads = None,
              verify: bool = True, fused_heads: bool | None = None,
              mode: Mode = "sequential", max_batch: int = 1,
-             recalibrate: bool = False, draft_backend: str | None = None) -> Generator:
+             recalibrate: bool = False, draft_backend: str | None = None,
+             suffix_budget: int = DEFAULT_BUDGET) -> Generator:
         """Open a bundle written by ssd-export; `verify` checks every file's sha256 (a file
         unchanged since an earlier load's check is not hashed again: docs/design.md §8.1).
         `backend`: auto (trt, then cuda, then cpu; `gen.backend_reason` says why), cpu, cuda
@@ -88,10 +93,11 @@ class Generator:
         timing and the calibrations of k="auto" are remembered per bundle and machine
         (docs/design.md §8.1); `recalibrate` measures them again and remembers the new.
         `draft_backend="cpu"`: the draft on the host's cores beside a cuda or trt target
-        (docs/design.md §9; with mode="split" it drafts during the GPU's verification)."""
+        (docs/design.md §9; with mode="split" it drafts during the GPU's verification).
+        `suffix_budget`: bytes kept of earlier requests' text for draft_source="suffix"."""
         root = Path(bundle)
         return cls(root, read_manifest(root, verify=verify), backend, threads, fused_heads, mode,
-                   max_batch, recalibrate, draft_backend)
+                   max_batch, recalibrate, draft_backend, suffix_budget)
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128,
                  k: int | Literal["auto"] = "auto", **settings: Any) -> GenerationResult:
@@ -120,7 +126,7 @@ class Generator:
                 presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                 logit_bias: dict[int, float] | None = None, min_new_tokens: int = 0,
                 ignore_eos: bool = False, coupling: str = "auto", fused: bool = True,
-                draft_source: str = "fused",
+                draft_source: str = "fused", tenant: str | None = None,
                 prediction: str | Sequence[int] | None = None,
                 logprobs: int | Logprobs | None = None,
                 response_format: dict[str, Any] | Constraint | None = None) -> Request:
@@ -135,7 +141,10 @@ class Generator:
         decides on the host even where the bundle's heads could (batches do).
         `draft_source` (docs/design.md §6.1): "fused" drafts continuations found earlier in
         the sequence (lookup) where they pay and the draft model elsewhere, "model" the
-        draft model alone, "lookup" lookup alone. `prediction` (text or ids; OpenAI's
+        draft model alone, "lookup" lookup alone; "suffix" lookup with the text of earlier
+        requests of the same `tenant` (model-free, as vLLM's suffix method: round/suffix.py;
+        the request's prompt and output join that text when it ends), "fused+suffix" that
+        fused with the draft model. `prediction` (text or ids; OpenAI's
         predicted outputs): the output the caller expects, offered to drafting as a lookup
         source whatever `draft_source` (the schedule still takes it only where it pays); the
         output stays the target's, and stats count its tokens drafted and accepted.
@@ -194,8 +203,10 @@ class Generator:
         eos = set() if ignore_eos else self.eos_ids
         # acceptance is learnt per kind of rule: the invariant one accepts a little less
         kind = "greedy" if params.greedy else "invariant" if params.invariant else "sampled"
+        earlier = self.suffixes.view(tenant) if draft_source in EARLIER else None
         return Request(ids, rule, eos, max_new_tokens, k, list(stop or []), mode, kind,
-                       draft_source, self._prediction_ids(prediction, len(ids)), logprobs)
+                       draft_source, self._prediction_ids(prediction, len(ids)), logprobs,
+                       earlier)
 
     def batch(self, k: int | Literal["auto"] = "auto", slots: int | None = None) -> Batch:
         """A batch over `slots` (default: all max_batch) of this generator's slots (batch.py):
@@ -377,6 +388,13 @@ def _checked_batch(max_batch: int, manifest: Manifest) -> int:
                           + f"). ---> HINT: re-export with ssd-export --max-batch {max_batch}, "
                             f"or load with max_batch <= {manifest.max_batch}.")
     return max_batch
+
+
+def _checked_budget(budget: int) -> int:
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
+        raise ConfigError(f"suffix_budget={budget!r} must be a number of bytes >= 0 (0 keeps "
+                          f"no earlier requests).")
+    return budget
 
 
 def _checked_mode(mode: str) -> Mode:

@@ -17,6 +17,7 @@ from .round.loop import Stats
 from .round.processors import Processors
 from .round.rules import Rule
 from .round.sampling import SamplingParams
+from .round.suffix import SuffixView
 
 Mode = Literal["sequential", "split"]
 
@@ -46,6 +47,7 @@ class Request:
     source: str = "fused"     # lookup.DRAFT_SOURCES: who drafts
     prediction: list[int] | None = None   # the predicted output's ids (OpenAI's `prediction`)
     logprobs: Logprobs | None = None      # collects the target's log-probabilities, if asked
+    earlier: SuffixView | None = None     # source "suffix": its tenant's earlier requests
 
     def kept(self, token_ids: list[int]) -> list[TokenLogprob] | None:
         """The log-probabilities of the tokens the result keeps (a stop string trims them)."""
@@ -53,12 +55,14 @@ class Request:
 
     def lookup(self) -> Lookup | None:
         """Its lookup source (docs/design.md §6.1): the sequence's own earlier text unless the
-        draft model drafts alone, and the prediction whenever there is one."""
+        draft model drafts alone, the prediction whenever there is one, and earlier requests'
+        text under source "suffix"."""
         if self.source == "model" and self.prediction is None:
             return None
         prediction = None if self.prediction is None else \
             Prediction(self.prediction, len(self.ids))
-        return Lookup(prediction=prediction, sequence=self.source != "model")
+        return Lookup(prediction=prediction, sequence=self.source != "model",
+                      earlier=self.earlier)
 
 
 def check_k(k: int | str, max_draft: int) -> None:

@@ -66,6 +66,7 @@ class Drafter:
         self.hits = self.bets = self.draft_calls = 0
         self.from_lookup = 0                   # this round's leading drafts found by lookup
         self.from_prediction = 0               # ... of which the request's prediction's
+        self.from_earlier = 0                  # ... of which earlier requests' (suffix.py)
         self.synced = True                     # the draft has seen every draft but the last
         # whether the draft model drafts for this row: a batch stops feeding a row whose
         # draft is behind where catching up costs more than its drafts save (batch_cost.plan);
@@ -120,7 +121,7 @@ class Drafter:
         to k in all): a lookup continuation where the schedule takes it (its draft
         probabilities None: point masses, acceptance.py), extended by the model where the
         schedule says that pays; else none, and the schedule's cap on model tokens."""
-        self.from_lookup = self.from_prediction = 0
+        self.from_lookup = self.from_prediction = self.from_earlier = 0
         self.synced = True
         schedule = self.schedule
         model = self.fed and not self.waits        # the draft model drafts this round
@@ -131,6 +132,8 @@ class Drafter:
                 self.from_lookup = taken
                 if self.lookup.source == "prediction":
                     self.from_prediction = taken
+                elif self.lookup.source == "earlier":
+                    self.from_earlier = taken
                 # the model extends them where its tokens pay (extend_lookup) and it is in
                 # step: a draft that rounds of lookup alone left behind would first prefill
                 # all it missed, which the marginal rule does not price (design §6, "A draft
@@ -169,7 +172,7 @@ class SplitDrafter(Drafter):
             return super().start(seq, k)
         tokens, probs, seen = self.ready        # drafted during the last verification
         self.ready = None
-        self.from_lookup = self.from_prediction = 0
+        self.from_lookup = self.from_prediction = self.from_earlier = 0
         self.synced = True
         # the schedule judges a hit's tokens as it judges drafted ones, in order: it learns
         # their confidence (its bins saw only misses' and sequential rounds' tokens) and its

@@ -14,11 +14,26 @@ worth is learnt apart from the sequence's own (class MAX_NGRAM + n instead of n)
 start, before the output has followed any of it, apart again (class 2·MAX_NGRAM + 1): an
 answer that opens with a preamble the prediction lacks (a code fence, "Here is the file:")
 rejects the start, and that says nothing of the text the prediction re-anchors in after it.
+
+Earlier requests are a third source (`draft_source="suffix"` or "fused+suffix", suffix.py):
+where their text
+matches a longer suffix of the sequence than its own n-grams do, their most frequent
+continuation is drafted, its worth learnt per class again (SUFFIX_SHORT, SUFFIX_LONG: a match
+shorter or not than SUFFIX_LONG_MATCH tokens).
 """
 from __future__ import annotations
 
+from typing import Protocol
+
 MAX_NGRAM = 3                 # longest suffix matched; 1: a single token
-DRAFT_SOURCES = ("fused", "model", "lookup")   # who drafts: both, the draft model, lookup
+# who drafts: both, the draft model, lookup; lookup with earlier requests' text (suffix.py:
+# model-free, as vLLM's "suffix" method), and that fused with the draft model
+DRAFT_SOURCES = ("fused", "model", "lookup", "suffix", "fused+suffix")
+MODEL_FREE = ("lookup", "suffix")             # sources the draft model does not draft for
+EARLIER = ("suffix", "fused+suffix")          # sources that read earlier requests' text
+# the classes earlier requests' continuations are learnt by (after the prediction's)
+SUFFIX_SHORT, SUFFIX_LONG = 2 * MAX_NGRAM + 2, 2 * MAX_NGRAM + 3
+SUFFIX_LONG_MATCH = 8
 # What a prediction's tokens are taken to be worth before any is judged (the client claims the
 # output follows it); the schedule learns their real worth from there.
 PREDICTION_PRIOR = 0.9
@@ -82,18 +97,26 @@ class Prediction:
         return [], 0
 
 
+class Earlier(Protocol):
+    """Earlier requests' text, as one request sees it (suffix.SuffixView)."""
+
+    def find(self, seq: list[int], limit: int) -> tuple[list[int], int]: ...
+
+
 class Lookup:
     """An index of every n-gram (n = 1..MAX_NGRAM) of one sequence to the position after its
     latest occurrence, kept up to date as the sequence grows (a dict update per new token
     and n, so its cost a token does not grow with the sequence). With a `prediction`, the
     prediction's continuation is offered where its n-gram is at least as long as the
     sequence's own (`source` says whose the last find was); `sequence=False` looks in the
-    prediction alone."""
+    prediction alone. With `earlier` (earlier requests' text), its continuation is offered
+    where it matches a longer suffix than the sequence's own n-gram."""
 
     def __init__(self, max_ngram: int = MAX_NGRAM, prediction: Prediction | None = None,
-                 sequence: bool = True) -> None:
-        assert 2 * max_ngram + 1 < 10, "the learnt classes of both sources fit Acceptance's bins"
+                 sequence: bool = True, earlier: Earlier | None = None) -> None:
+        assert SUFFIX_LONG < 10, "the learnt classes of every source fit Acceptance's bins"
         self.max_ngram, self.prediction, self.sequence = max_ngram, prediction, sequence
+        self.earlier = earlier
         self.index: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_ngram + 1)]
         self.indexed = 1              # positions below this have their n-grams indexed
         self.source = "sequence"      # whose continuation the last find returned
@@ -112,6 +135,12 @@ class Lookup:
             if predicted and (m if m <= self.max_ngram else 1) >= n:
                 self.source = "prediction"
                 return predicted, self.max_ngram + m
+        if self.earlier is not None and limit > 0:
+            # a longer match wins (the sequence's own is measured up to max_ngram tokens)
+            found, m = self.earlier.find(seq, limit)
+            if found and m > n:
+                self.source = "earlier"
+                return found, SUFFIX_LONG if m >= SUFFIX_LONG_MATCH else SUFFIX_SHORT
         return own, n
 
     def _own(self, seq: list[int], limit: int) -> tuple[list[int], int]:

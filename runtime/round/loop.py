@@ -42,6 +42,8 @@ class Stats:
     lookup_accepted: int = 0      # ... and of accepted
     prediction_drafted: int = 0   # of lookup_drafted, the request's prediction's (OpenAI's
     prediction_accepted: int = 0  # accepted/rejected_prediction_tokens: judged by the target)
+    earlier_drafted: int = 0      # of lookup_drafted, earlier requests' (round/suffix.py)
+    earlier_accepted: int = 0
     split_bets: int = 0           # split mode: rounds whose next round was drafted ahead
     split_hits: int = 0           # ... and whose bet was right
     mode: str = "sequential"
@@ -204,6 +206,9 @@ class Loop:
             if taken := row.drafter.from_prediction:
                 st.prediction_drafted += taken
                 st.prediction_accepted += min(j, taken)
+            if taken := row.drafter.from_earlier:
+                st.earlier_drafted += taken
+                st.earlier_accepted += min(j, taken)
             st.seconds["draft"] += t1 - t0
             st.seconds["verify"] += t2 - t1
             st.new_tokens = row.produced

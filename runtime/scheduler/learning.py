@@ -169,16 +169,18 @@ class Acceptance:
 class Sources:
     """What is learnt of lookup tokens when a request brings a prediction (docs/design.md
     §6.1): the sequence's own continuations (classes below `split`) and the prediction's (from
-    `split` on), each in an Acceptance of its own, so that neither source's misses move the
-    other's α — a repeat of the prompt that fails says nothing of the client's text, which
-    starts at its claim (0.9) and is judged on its own tokens."""
+    `split` on, up to `end`), each in an Acceptance of its own, so that neither source's misses
+    move the other's α — a repeat of the prompt that fails says nothing of the client's text,
+    which starts at its claim (0.9) and is judged on its own tokens. Classes from `end` on
+    (earlier requests' continuations) are learnt with the sequence's."""
 
     sequence: Acceptance
     prediction: Acceptance
     split: int
+    end: int = _BINS
 
     def of(self, b: int) -> Acceptance:
-        return self.prediction if b >= self.split else self.sequence
+        return self.prediction if self.split <= b < self.end else self.sequence
 
     def chance_in(self, b: int, position: int | None = None) -> float:
         return self.of(b).chance_in(b, position)

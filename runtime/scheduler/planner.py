@@ -30,7 +30,7 @@ import numpy as np
 
 from .. import cache
 from ..round.loop import Loop, Row
-from ..round.lookup import MAX_NGRAM, PREDICTION_PRIOR
+from ..round.lookup import MAX_NGRAM, MODEL_FREE, PREDICTION_PRIOR, SUFFIX_SHORT
 from .batch_cost import TIMED_S, BatchCost, LiveCost, Realized, measure, measure_prefill, plan
 from .calibration import calibrate
 from .cost import CostModel
@@ -87,16 +87,17 @@ class Knowledge:
         lookup = self.learnt.setdefault(f"{kind}/lookup", Acceptance()) \
             if auto and not own and source != "model" else Acceptance()
         if predicted:
-            lookup = Sources(lookup, Acceptance.starting_at(PREDICTION_PRIOR), MAX_NGRAM + 1)
+            lookup = Sources(lookup, Acceptance.starting_at(PREDICTION_PRIOR), MAX_NGRAM + 1,
+                             SUFFIX_SHORT)
         if not auto:
-            return FixedK(int(k), source != "lookup", self.prior(), lookup)
+            return FixedK(int(k), source not in MODEL_FREE, self.prior(), lookup)
         cost = self.cost_model()
         if mode not in self.times:
             self.times[mode] = RoundTimes.from_cost(cost, self.max_draft)
         learnt = self.acceptance(kind).carried() if own else self.acceptance(kind)
         return AdaptiveK(cost, self.max_draft, learnt, self.times[mode],
                          lookup=None if source == "model" and not predicted else lookup,
-                         model=source != "lookup")
+                         model=source not in MODEL_FREE)
 
     def keep(self, kind: str, learnt: Acceptance) -> None:
         """A batch's sequence ended having drafted: the next ones of its kind start from it."""
@@ -221,7 +222,7 @@ class Planner:
             self.cap = None
             return None
         live = self.knowledge.live(span, self.lengths)
-        alphas = [row.schedule.learnt.alpha for row in rows]
+        alphas = [_alpha(row) for row in rows]
         key = (live, tuple(map(id, rows)))
         if self._planned and self._planned[0] == key and self._plan_rounds > 0 and \
                 max(abs(a - b) for a, b in zip(alphas, self._planned[1])) <= REPLAN_ALPHA:
@@ -277,6 +278,16 @@ class Planner:
         live = self.knowledge.priced(span, self.lengths)
         if live is not None:
             live.observe_prefill(tokens, seconds)
+
+
+def _alpha(row: Row) -> float:
+    """What a row's drafts are worth to the batch's plan: its draft model's α, or where the
+    model does not draft for it (a model-free source), its lookup tokens' α."""
+    schedule = row.schedule
+    lookup = schedule.lookup
+    if schedule.model or lookup is None:
+        return schedule.learnt.alpha
+    return (lookup.sequence if isinstance(lookup, Sources) else lookup).alpha
 
 
 def _behind(row: Row) -> int:

@@ -87,7 +87,11 @@ class Server:
     async def respond(self, request: Request, ids: list[int], opts: Sampling, stream: bool,
                       include_usage: bool, chat: bool) -> Response:
         """Validate, take a place in the queue (or 429), then answer as JSON or as SSE."""
-        options = {**opts.options(self.k), "draft_source": self.config.draft_source}
+        source = self.config.draft_source
+        if not opts.suffix_drafts:                       # neither reads nor joins them
+            source = {"suffix": "lookup", "fused+suffix": "fused"}.get(source, source)
+        options = {**opts.options(self.k), "draft_source": source,
+                   "tenant": getattr(request.state, "tenant", None)}
         if opts.prediction is not None:
             options["prediction"] = self.prediction_ids(opts.prediction, len(ids))
         collected = None
@@ -225,7 +229,8 @@ def _load(config: ServeConfig) -> Generator:
             slots = manifest.max_batch
     return Generator.load(config.bundle, config.backend, config.threads, mode=config.mode,
                           max_batch=slots, recalibrate=config.recalibrate,
-                          draft_backend=config.draft_backend)
+                          draft_backend=config.draft_backend,
+                          suffix_budget=int(config.suffix_cache_mb * (1 << 20)))
 
 
 def _add_routes(app: FastAPI, server: Server) -> None:
@@ -263,6 +268,13 @@ def _add_routes(app: FastAPI, server: Server) -> None:
                 "k": server.k, "max_context": server.max_context, "replica": server.replica,
                 "max_batch": server.max_batch,
                 "queue_depth": server.engine.slot.depth, "busy": server.engine.slot.busy}
+
+    @app.post("/reset_suffix_cache")
+    async def reset_suffix_cache(request: Request) -> dict[str, Any]:
+        """Forget earlier requests' text: the caller's API key's (everyone's without keys)."""
+        tenant = getattr(request.state, "tenant", None)
+        forgotten = server.generator.suffixes.clear(tenant)
+        return {"status": "ok", "forgotten_requests": forgotten}
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -11,6 +11,7 @@ import sys
 
 from ..cli import k_option
 from ..errors import ConfigError, cli_main
+from ..round.lookup import DRAFT_SOURCES
 from .config import ServeConfig
 
 
@@ -38,9 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=("sequential", "split"), default="sequential",
                    help="split: draft the next round while the target verifies (threads "
                         "are chosen for it: one core for the draft)")
-    p.add_argument("--draft-source", default="fused", choices=("fused", "model", "lookup"),
-                   help="who drafts: fused (continuations found earlier in the text where they "
-                        "pay, the draft model elsewhere; default), model, lookup")
+    p.add_argument("--draft-source", default="fused+suffix", choices=DRAFT_SOURCES,
+                   help="who drafts: fused+suffix (default: fused, with the text of earlier "
+                        "requests of the same API key), fused (continuations found earlier in "
+                        "the request where they pay, the draft model elsewhere), model, lookup, "
+                        "suffix (lookup with earlier requests' text, no draft model)")
+    p.add_argument("--suffix-cache-mb", type=float, default=64.0, metavar="MB",
+                   help="memory for earlier requests' text (--draft-source suffix); the oldest "
+                        "go first (default 64; 0 keeps none)")
     p.add_argument("--recalibrate", action="store_true",
                    help="measure again what start-up remembers for this bundle and machine: "
                    "the CPU threads and the k=auto calibrations (docs/runtime.md)")
@@ -61,7 +67,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                        max_tokens_limit=args.max_tokens_limit,
                        threads=args.threads, mode=args.mode, model_name=args.model_name,
                        recalibrate=args.recalibrate, draft_source=args.draft_source,
-                       draft_backend=args.draft_backend)
+                       draft_backend=args.draft_backend, suffix_cache_mb=args.suffix_cache_mb)
 
 
 @cli_main("ssd-serve")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import ConfigError
+from ..round.lookup import DRAFT_SOURCES
 
 Backend = Literal["auto", "cpu", "cuda", "trt"]
 
@@ -27,7 +28,8 @@ class ServeConfig:
     mode: Literal["sequential", "split"] = "sequential"   # split: the draft runs ahead on a thread
     model_name: str | None = None       # None: the bundle folder's name
     recalibrate: bool = False           # time threads and batch sizes again (cache.py)
-    draft_source: str = "fused"         # lookup.DRAFT_SOURCES: who drafts
+    draft_source: str = "fused+suffix"  # lookup.DRAFT_SOURCES: who drafts
+    suffix_cache_mb: float = 64.0       # earlier requests' text kept for "suffix" (0: none)
     draft_backend: str | None = None    # "cpu": the draft on the host beside a GPU target
 
     def __post_init__(self) -> None:
@@ -43,9 +45,12 @@ class ServeConfig:
             raise ConfigError(f"--max-tokens-limit {self.max_tokens_limit} must be at least 1.")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads {self.threads} must be at least 1.")
-        if self.draft_source not in ("fused", "model", "lookup"):
-            raise ConfigError(f"--draft-source {self.draft_source!r} is unknown; use fused, "
-                              f"model or lookup.")
+        if self.draft_source not in DRAFT_SOURCES:
+            raise ConfigError(f"--draft-source {self.draft_source!r} is unknown; use "
+                              f"{', '.join(DRAFT_SOURCES)}.")
+        if not self.suffix_cache_mb >= 0:
+            raise ConfigError(f"--suffix-cache-mb {self.suffix_cache_mb} must be 0 or more "
+                              f"(0 keeps no earlier requests).")
         if self.mode not in ("sequential", "split"):
             raise ConfigError(f"--mode {self.mode!r} is unknown; use sequential or split.")
 

@@ -112,6 +112,9 @@ class _Request(BaseModel):
     user: str | None = None
     prediction: PredictionContent | None = None   # OpenAI's predicted outputs
     response_format: dict[str, Any] | None = None  # structured outputs (round/grammar.py)
+    # extension: false keeps this request out of earlier requests' text (--draft-source suffix):
+    # it neither drafts from it nor joins it
+    suffix_drafts: bool = True
 
 
 class CompletionRequest(_Request):
@@ -156,6 +159,7 @@ class Sampling:
     prediction: str | None = None             # the predicted output's text
     logprobs: int | None = None               # top alternatives per token (None: no logprobs)
     response_format: dict[str, Any] | None = None
+    suffix_drafts: bool = True                # may draft from (and join) earlier requests' text
 
     def options(self, k: int) -> dict[str, Any]:
         return dict(max_new_tokens=self.max_tokens, k=k, temperature=self.temperature,
@@ -233,7 +237,7 @@ def sampling(req: CompletionRequest | ChatCompletionRequest, served_name: str,
     prediction = req.prediction.text if req.prediction is not None else None
     return Sampling(max_tokens, float(temperature), float(top_p), int(top_k), req.seed,
                     stop, penalties, prediction,   # empty stop strings: TextStream ignores them
-                    _logprobs(req), req.response_format)
+                    _logprobs(req), req.response_format, req.suffix_drafts)
 
 
 def _logprobs(req: CompletionRequest | ChatCompletionRequest) -> int | None:
@@ -310,6 +314,8 @@ def speculative_body(result: GenerationResult, replica: str) -> dict[str, Any]:
     return {"k": s.k, "acceptance_rate": s.acceptance_rate,
             "mean_accepted_per_round": s.mean_accepted_per_round, "rounds": s.rounds,
             "tokens_per_s": s.tokens_per_s, "drafted": s.drafted, "accepted": s.accepted,
+            "lookup_drafted": s.lookup_drafted, "lookup_accepted": s.lookup_accepted,
+            "earlier_drafted": s.earlier_drafted, "earlier_accepted": s.earlier_accepted,
             "backend": s.backend, "replica": replica}
 
 

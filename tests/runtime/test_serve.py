@@ -44,7 +44,7 @@ def bundle(bundle_factory, tmp_path_factory):
 def server(bundle, tmp_path_factory):
     srv = ServerProcess(bundle, tmp_path_factory.mktemp("serve-log") / "server.log",
                         "--model-name", MODEL, "--max-queue", str(MAX_QUEUE), "--threads", "1",
-                        "--k", "4",
+                        "--k", "4", "--draft-source", "fused",   # each request drafts alone
                         "--max-tokens-limit", str(MAX_TOKENS_LIMIT))
     yield srv
     srv.stop()
