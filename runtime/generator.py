@@ -123,7 +123,8 @@ class Generator:
                 draft_source: str = "fused",
                 prediction: str | Sequence[int] | None = None,
                 logprobs: int | Logprobs | None = None,
-                response_format: dict[str, Any] | Constraint | None = None) -> Request:
+                response_format: dict[str, Any] | Constraint | None = None,
+                tenant: str | None = None) -> Request:
         """One sequence's settings, checked (ConfigError), with its acceptance rule: what
         stream() decodes, and what a batch (batch.py) takes per sequence.
 
@@ -146,7 +147,8 @@ class Generator:
         "json_schema": {"name", "schema", "strict"}}, or a `constraint()`): the output follows
         the grammar, masked on the draft's proposals and the target's verification alike
         (round/grammar.py), so it is the constrained target alone's; a `max_new_tokens` that
-        no output valid under it fits in is refused (round/schema_length.py)."""
+        no output valid under it fits in is refused (round/schema_length.py). `tenant`: who
+        asks (ssd-serve: the id of the request's API key), carried on the Request as given."""
         top = logprobs.top if isinstance(logprobs, Logprobs) else logprobs
         if top is not None and (not isinstance(top, int) or isinstance(top, bool)
                                 or not 0 <= top <= MAX_TOP):
@@ -195,7 +197,8 @@ class Generator:
         # acceptance is learnt per kind of rule: the invariant one accepts a little less
         kind = "greedy" if params.greedy else "invariant" if params.invariant else "sampled"
         return Request(ids, rule, eos, max_new_tokens, k, list(stop or []), mode, kind,
-                       draft_source, self._prediction_ids(prediction, len(ids)), logprobs)
+                       draft_source, self._prediction_ids(prediction, len(ids)), logprobs,
+                       tenant)
 
     def batch(self, k: int | Literal["auto"] = "auto", slots: int | None = None) -> Batch:
         """A batch over `slots` (default: all max_batch) of this generator's slots (batch.py):

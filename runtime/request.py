@@ -46,6 +46,8 @@ class Request:
     source: str = "fused"     # lookup.DRAFT_SOURCES: who drafts
     prediction: list[int] | None = None   # the predicted output's ids (OpenAI's `prediction`)
     logprobs: Logprobs | None = None      # collects the target's log-probabilities, if asked
+    tenant: str | None = None             # who asked (ssd-serve: its API key's id, serve/keys.py;
+                                          # None without keys): the scope of what requests share
 
     def kept(self, token_ids: list[int]) -> list[TokenLogprob] | None:
         """The log-probabilities of the tokens the result keeps (a stop string trims them)."""
