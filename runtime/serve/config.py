@@ -5,11 +5,12 @@ Python only, so that it can cross into Ray replicas.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from ..errors import ConfigError
+from .keys import ApiKeys
 
 Backend = Literal["auto", "cpu", "cuda", "trt"]
 
@@ -29,6 +30,8 @@ class ServeConfig:
     recalibrate: bool = False           # time threads and batch sizes again (cache.py)
     draft_source: str = "fused"         # lookup.DRAFT_SOURCES: who drafts
     draft_backend: str | None = None    # "cpu": the draft on the host beside a GPU target
+    api_keys: ApiKeys | None = field(default=None, repr=False)  # None: every route is open
+    metrics_open: bool = False          # GET /metrics without a key (keys.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bundle", Path(self.bundle).resolve())
@@ -48,6 +51,9 @@ class ServeConfig:
                               f"model or lookup.")
         if self.mode not in ("sequential", "split"):
             raise ConfigError(f"--mode {self.mode!r} is unknown; use sequential or split.")
+        if self.api_keys is not None and not isinstance(self.api_keys, ApiKeys):
+            raise ConfigError(f"api_keys must be an ApiKeys (keys.ApiKeys.of([...]) or "
+                              f"keys.load_keys), not {type(self.api_keys).__name__}.")
 
     @property
     def served_name(self) -> str:
