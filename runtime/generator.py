@@ -155,7 +155,8 @@ class Generator:
         "json_schema": {"name", "schema", "strict"}}, or a `constraint()`): the output follows
         the grammar, masked on the draft's proposals and the target's verification alike
         (round/grammar.py), so it is the constrained target alone's; a `max_new_tokens` that
-        no output valid under it fits in is refused (round/schema_length.py)."""
+        no output valid under it fits in is refused (round/schema_length.py). `tenant`: who
+        asks (ssd-serve: the id of the request's API key), carried on the Request as given."""
         top = logprobs.top if isinstance(logprobs, Logprobs) else logprobs
         if top is not None and (not isinstance(top, int) or isinstance(top, bool)
                                 or not 0 <= top <= MAX_TOP):
@@ -206,7 +207,7 @@ class Generator:
         earlier = self.suffixes.view(tenant) if draft_source in EARLIER else None
         return Request(ids, rule, eos, max_new_tokens, k, list(stop or []), mode, kind,
                        draft_source, self._prediction_ids(prediction, len(ids)), logprobs,
-                       earlier)
+                       tenant=tenant, earlier=earlier)
 
     def batch(self, k: int | Literal["auto"] = "auto", slots: int | None = None) -> Batch:
         """A batch over `slots` (default: all max_batch) of this generator's slots (batch.py):

@@ -47,7 +47,10 @@ class Request:
     source: str = "fused"     # lookup.DRAFT_SOURCES: who drafts
     prediction: list[int] | None = None   # the predicted output's ids (OpenAI's `prediction`)
     logprobs: Logprobs | None = None      # collects the target's log-probabilities, if asked
-    earlier: SuffixView | None = None     # source "suffix": its tenant's earlier requests
+    tenant: str | None = None             # who asked (ssd-serve: its API key's id, serve/keys.py;
+                                          # None without keys): the scope of what requests share
+    earlier: SuffixView | None = None     # sources "suffix", "fused+suffix": its tenant's
+                                          # earlier requests (round/suffix.py)
 
     def kept(self, token_ids: list[int]) -> list[TokenLogprob] | None:
         """The log-probabilities of the tokens the result keeps (a stop string trims them)."""

@@ -3,6 +3,8 @@
     app = create_app(ServeConfig(bundle="bundle/"))   # then uvicorn, or a Ray Serve replica
     POST /v1/completions, POST /v1/chat/completions (both with stream: true as SSE),
     GET /v1/models, GET /health, GET /metrics (Prometheus text)
+With API keys (config.api_keys) every route but /health (and /metrics if metrics_open)
+answers 401 before it runs unless the request carries one; its id goes to Request.tenant.
 """
 from __future__ import annotations
 
@@ -14,12 +16,14 @@ from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import SsdError
 from ..generator import Generator
 from .chat import ChatTemplate
 from .config import ServeConfig, resolve_k
+from .keys import ApiKeys, bearer_token
 from .batching import BatchEngine, BatchTicket, ClientGone, Job, choose_slots
 from ..round.logprobs import Logprobs, TokenLogprob
 from .logprobs import TokenNames, chat_logprobs, completion_logprobs
@@ -33,6 +37,7 @@ REPLICA_HEADER = "x-ssd-replica"
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16     # as the OpenAI completions API
 CLIENT_GONE = 499                       # status recorded when the client disconnects
+OPEN_PATHS = frozenset({"/health"})     # answered without a key when the server has keys
 
 
 class Server:
@@ -91,7 +96,7 @@ class Server:
         if not opts.suffix_drafts:                       # neither reads nor joins them
             source = {"suffix": "lookup", "fused+suffix": "fused"}.get(source, source)
         options = {**opts.options(self.k), "draft_source": source,
-                   "tenant": getattr(request.state, "tenant", None)}
+                   "tenant": getattr(request.state, "tenant", None)}   # _KeyMiddleware's
         if opts.prediction is not None:
             options["prediction"] = self.prediction_ids(opts.prediction, len(ids))
         collected = None
@@ -209,9 +214,12 @@ def create_app(config: ServeConfig, generator: Generator | None = None,
     app.state.server = server
     _add_routes(app, server)
     _add_error_handlers(app)
+    if config.api_keys is not None:          # inside _ServerMiddleware: its 401s are counted
+        open_paths = OPEN_PATHS | ({"/metrics"} if config.metrics_open else set())
+        app.add_middleware(_KeyMiddleware, keys=config.api_keys, open_paths=open_paths)
     app.add_middleware(_ServerMiddleware, server=server)
-    log.info("serving %s (%s backend, k=%s, max_batch=%d) from %s", server.model,
-             generator.backend, server.k, server.max_batch, config.bundle)
+    log.info("serving %s (%s backend, k=%s, max_batch=%d) from %s; %s", server.model,
+             generator.backend, server.k, server.max_batch, config.bundle, _access(config))
     return app
 
 
@@ -328,6 +336,49 @@ class _ServerMiddleware:
             code = state.get("status", status[0])
             endpoint = scope["path"] if scope["path"] in ROUTES else "other"
             self.server.metrics.observe_request(endpoint, code, perf_counter() - start)
+
+
+class _KeyMiddleware:
+    """With API keys: a request without one of them is answered 401 here, before any route
+    reads its body or the engine sees it; one with a key carries the key's id on
+    request.state.tenant. Every path needs a key but `open_paths` (unknown ones too)."""
+
+    def __init__(self, app: Any, keys: ApiKeys, open_paths: frozenset[str]) -> None:
+        self.app, self.keys, self.open_paths = app, keys, open_paths
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] in self.open_paths:
+            return await self.app(scope, receive, send)
+        token = bearer_token(Headers(scope=scope).get("authorization"))
+        tenant = self.keys.tenant(token)
+        if tenant is None:
+            return await _unauthorized(token is None)(scope, receive, send)
+        scope.setdefault("state", {})["tenant"] = tenant
+        return await self.app(scope, receive, send)
+
+
+def _unauthorized(missing: bool) -> Response:
+    """OpenAI's 401 (type invalid_request_error, code invalid_api_key), with RFC 6750's
+    WWW-Authenticate; the message never repeats what the client sent."""
+    if missing:
+        message = ("no API key: this route needs `Authorization: Bearer <key>`. ---> HINT: "
+                   "send the key the operator gave you (the openai client: api_key=..., or "
+                   "$OPENAI_API_KEY).")
+        challenge = 'Bearer realm="ssd-serve"'
+    else:
+        message = ("incorrect API key: the Bearer key sent is none of this server's keys. "
+                   "---> HINT: check the key, or ask the operator for one.")
+        challenge = 'Bearer realm="ssd-serve", error="invalid_token"'
+    return JSONResponse(error_body(message, "invalid_request_error", None, "invalid_api_key"),
+                        status_code=401, headers={"WWW-Authenticate": challenge})
+
+
+def _access(config: ServeConfig) -> str:
+    """Who may call, for the start-up line: how many keys, never a key."""
+    if config.api_keys is None:
+        return "no API keys: every route is open"
+    open_paths = "/health and /metrics" if config.metrics_open else "/health"
+    return f"{len(config.api_keys)} API keys: every route but {open_paths} needs one"
 
 
 def _include_usage(req: CompletionRequest | ChatCompletionRequest) -> bool:

@@ -2,6 +2,7 @@
 
     ssd-serve bundle/ --port 8000                  # one process, uvicorn
     ssd-serve bundle/ --ray-replicas 4             # Ray Serve replicas behind Ray's HTTP proxy
+    ssd-serve bundle/ --api-key-file keys.txt      # every route but /health needs a Bearer key
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from ..cli import k_option
 from ..errors import ConfigError, cli_main
 from ..round.lookup import DRAFT_SOURCES
 from .config import ServeConfig
+from .keys import ENV, FILE_FORMAT, load_keys
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +59,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="Ray cluster to join ('auto': the one `ray start` runs here; default: "
                         "start a local Ray instance)")
+    p.add_argument("--api-key", action="append", metavar="KEY",
+                   help="a key clients must send as `Authorization: Bearer KEY` on every route "
+                        "but /health (repeatable: any of them; a command line is visible to "
+                        "other users: prefer --api-key-file). Neither this nor --api-key-file: "
+                        f"${ENV}, if set")
+    p.add_argument("--api-key-file", metavar="FILE",
+                   help=f"a file of keys, {FILE_FORMAT}")
+    p.add_argument("--metrics-open", action="store_true",
+                   help="answer GET /metrics without a key (a scraper that sends none)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p
 
@@ -67,7 +78,9 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                        max_tokens_limit=args.max_tokens_limit,
                        threads=args.threads, mode=args.mode, model_name=args.model_name,
                        recalibrate=args.recalibrate, draft_source=args.draft_source,
-                       draft_backend=args.draft_backend, suffix_cache_mb=args.suffix_cache_mb)
+                       draft_backend=args.draft_backend, suffix_cache_mb=args.suffix_cache_mb,
+                       api_keys=load_keys(args.api_key, args.api_key_file),
+                       metrics_open=args.metrics_open)
 
 
 @cli_main("ssd-serve")

@@ -5,12 +5,13 @@ Python only, so that it can cross into Ray replicas.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from ..errors import ConfigError
 from ..round.lookup import DRAFT_SOURCES
+from .keys import ApiKeys
 
 Backend = Literal["auto", "cpu", "cuda", "trt"]
 
@@ -31,6 +32,8 @@ class ServeConfig:
     draft_source: str = "fused+suffix"  # lookup.DRAFT_SOURCES: who drafts
     suffix_cache_mb: float = 64.0       # earlier requests' text kept for "suffix" (0: none)
     draft_backend: str | None = None    # "cpu": the draft on the host beside a GPU target
+    api_keys: ApiKeys | None = field(default=None, repr=False)  # None: every route is open
+    metrics_open: bool = False          # GET /metrics without a key (keys.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bundle", Path(self.bundle).resolve())
@@ -53,6 +56,9 @@ class ServeConfig:
                               f"(0 keeps no earlier requests).")
         if self.mode not in ("sequential", "split"):
             raise ConfigError(f"--mode {self.mode!r} is unknown; use sequential or split.")
+        if self.api_keys is not None and not isinstance(self.api_keys, ApiKeys):
+            raise ConfigError(f"api_keys must be an ApiKeys (keys.ApiKeys.of([...]) or "
+                              f"keys.load_keys), not {type(self.api_keys).__name__}.")
 
     @property
     def served_name(self) -> str:

@@ -2,7 +2,8 @@
 
     ssd-serve bundle/ --ray-replicas 2 [--ray-address auto]
     serve run ssd_runtime.serve.ray_app:app_builder bundle=/abs/path/bundle replicas=2
-Each replica loads the bundle in its own process and serves the same FastAPI app.
+Each replica loads the bundle in its own process and serves the same FastAPI app, API keys
+included: the config carries their digests (keys.py), and each replica checks them.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from ray.serve import Application
 from ..errors import BackendError
 from ..manifest import read_manifest
 from .config import ServeConfig, resolve_k
+from .keys import load_keys
 
 log = logging.getLogger("ssd_runtime.serve")
 APP_NAME = "ssd-serve"
@@ -50,11 +52,15 @@ def build_app(config: ServeConfig, replicas: int) -> Application:
 
 
 def app_builder(args: dict[str, str]) -> Application:
-    """For `serve run ssd_runtime.serve.ray_app:app_builder bundle=DIR [replicas=N] [k=..]`."""
+    """For `serve run ssd_runtime.serve.ray_app:app_builder bundle=DIR [replicas=N] [k=..]
+    [api_key_file=FILE] [metrics_open=1]` (no key on a command line; else $SSD_API_KEY)."""
     fields = {"k": str, "max_queue": int, "max_tokens_limit": int, "threads": int,
               "model_name": str, "backend": str, "mode": str}
     options = {name: cast(args[name]) for name, cast in fields.items() if name in args}
-    return build_app(ServeConfig(bundle=args["bundle"], **options), int(args.get("replicas", 1)))
+    config = ServeConfig(bundle=args["bundle"], **options,
+                         api_keys=load_keys([], args.get("api_key_file")),
+                         metrics_open=args.get("metrics_open", "0") not in ("0", "false", ""))
+    return build_app(config, int(args.get("replicas", 1)))
 
 
 def start(config: ServeConfig, replicas: int, address: str | None = None) -> None:

@@ -2,11 +2,13 @@
 
 Requests spread over both replicas (each names itself in `speculative.replica` and the
 x-ssd-replica header) and give what one process gives for the same seeds; structured outputs,
-predictions and log-probabilities pass through the deployment unchanged (issue 45).
+predictions and log-probabilities pass through the deployment unchanged (issue 45); each
+replica checks the API key as one process does.
 """
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -24,6 +26,8 @@ from ssd_runtime import Generator  # noqa: E402
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 MODEL = "tiny"
 PROMPT = "def read_config(path):"
+KEY = "sk-ssd-" + secrets.token_urlsafe(24)
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture(scope="module")
@@ -34,15 +38,17 @@ def bundle(bundle_factory, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ray_server(bundle, tmp_path_factory):
-    log = tmp_path_factory.mktemp("serve-ray") / "server.log"
-    srv = ServerProcess(bundle, log, "--ray-replicas", "2", "--threads", "1", "--k", "4",
-                        "--model-name", MODEL, startup_s=240)
+    folder = tmp_path_factory.mktemp("serve-ray")
+    (folder / "keys.txt").write_text(f"# the test's key\n{KEY}\n")
+    srv = ServerProcess(bundle, folder / "server.log", "--ray-replicas", "2", "--threads", "1",
+                        "--k", "4", "--model-name", MODEL,
+                        "--api-key-file", str(folder / "keys.txt"), startup_s=240)
     yield srv
     srv.stop(grace_s=60)
 
 
 def test_two_replicas_share_the_load_and_match_one_process(ray_server, bundle):
-    client = openai.OpenAI(base_url=f"{ray_server.url}/v1", api_key="x", max_retries=0,
+    client = openai.OpenAI(base_url=f"{ray_server.url}/v1", api_key=KEY, max_retries=0,
                            timeout=120)
 
     def ask(seed: int):
@@ -67,7 +73,7 @@ def test_two_replicas_share_the_load_and_match_one_process(ray_server, bundle):
 
 
 def test_ray_streaming_and_routes(ray_server, bundle):
-    client = openai.OpenAI(base_url=f"{ray_server.url}/v1", api_key="x", max_retries=0,
+    client = openai.OpenAI(base_url=f"{ray_server.url}/v1", api_key=KEY, max_retries=0,
                            timeout=120)
     whole = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=32,
                                       temperature=0.9, seed=4)
@@ -75,11 +81,12 @@ def test_ray_streaming_and_routes(ray_server, bundle):
         model=MODEL, prompt=PROMPT, max_tokens=32, temperature=0.9, seed=4, stream=True)]
     assert len(pieces) > 2 and "".join(pieces) == whole.choices[0].text
     assert [m.id for m in client.models.list().data] == [MODEL]
-    res = httpx.post(f"{ray_server.url}/v1/completions", timeout=60,
+    res = httpx.post(f"{ray_server.url}/v1/completions", timeout=60, headers=AUTH,
                      json={"model": MODEL, "prompt": "x", "temperature": -1})
     assert res.status_code == 400 and "temperature" in res.json()["error"]["message"]
     assert res.headers["x-ssd-replica"]
-    assert "ssd_requests_total" in httpx.get(f"{ray_server.url}/metrics", timeout=60).text
+    assert "ssd_requests_total" in httpx.get(f"{ray_server.url}/metrics", timeout=60,
+                                             headers=AUTH).text
 
 
 def test_ray_structured_predicted_outputs_and_logprobs(ray_server, bundle):
@@ -90,7 +97,7 @@ def test_ray_structured_predicted_outputs_and_logprobs(ray_server, bundle):
     from test_serve_outputs import Thing
     from test_structured import FORMAT, LONG, _valid
 
-    client = openai.OpenAI(base_url=f"{ray_server.url}/v1", api_key="x", max_retries=0,
+    client = openai.OpenAI(base_url=f"{ray_server.url}/v1", api_key=KEY, max_retries=0,
                            timeout=120)
     gen = Generator.load(bundle)
     constrained = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=60,
@@ -125,7 +132,34 @@ def test_ray_structured_predicted_outputs_and_logprobs(ray_server, bundle):
                          content=json.dumps({"model": MODEL, "prompt": PROMPT,
                                              "max_tokens": max_tokens,
                                              "response_format": fmt}).encode(),
-                         headers={"content-type": "application/json"})
+                         headers={"content-type": "application/json", **AUTH})
         assert res.status_code == 400, res.text
         error = res.json()["error"]
         assert error["param"] == "response_format" and fragment in error["message"]
+
+
+def test_ray_replicas_check_the_key(ray_server):
+    """No key or a wrong one: the replica answers 401 in OpenAI's shape through Ray's proxy
+    (each replica holds the keys' digests); /health stays open."""
+    for path, body in (("/v1/completions", {"model": MODEL, "prompt": PROMPT}),
+                       ("/v1/models", None), ("/metrics", None)):
+        for headers in ({}, {"Authorization": f"Bearer {KEY}x"}):
+            res = httpx.request("POST" if body else "GET", f"{ray_server.url}{path}",
+                                json=body, headers=headers, timeout=60)
+            assert res.status_code == 401, res.text
+            assert res.json()["error"]["code"] == "invalid_api_key"
+            assert res.headers["www-authenticate"].startswith("Bearer")
+            assert res.headers["x-ssd-replica"]
+    assert httpx.get(f"{ray_server.url}/health", timeout=60).status_code == 200
+    assert KEY not in ray_server.log.read_text()
+
+
+def test_app_builder_reads_keys_as_the_cli(tmp_path):
+    """`serve run ...:app_builder api_key_file=FILE` reads the file as --api-key-file does."""
+    from ssd_runtime.errors import ConfigError
+    from ssd_runtime.serve.ray_app import app_builder
+
+    (tmp_path / "keys.txt").write_text(f"{KEY}\n")
+    assert app_builder({"bundle": str(tmp_path), "api_key_file": str(tmp_path / "keys.txt")})
+    with pytest.raises(ConfigError, match=r"--api-key-file .*nope: no such file"):
+        app_builder({"bundle": str(tmp_path), "api_key_file": str(tmp_path / "nope")})

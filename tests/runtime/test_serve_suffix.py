@@ -83,3 +83,38 @@ def test_bad_suffix_settings_are_refused_at_start(bundle, capsys, args, message)
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
 
+
+
+def test_one_api_keys_text_never_drafts_anothers_requests(bundle, tmp_path):
+    keys = tmp_path / "keys.txt"
+    keys.write_text("sk-alice-0123456789\nsk-bob-9876543210\n")
+    srv = ServerProcess(bundle, tmp_path / "server.log", "--model-name", "tiny", "--threads",
+                        "1", "--k", "4", "--api-key-file", str(keys))
+    try:
+        def ask(key: str, prompt: str = PROMPT) -> dict:
+            r = httpx.post(f"{srv.url}/v1/completions", timeout=60,
+                           headers={"Authorization": f"Bearer {key}"},
+                           json={"model": "tiny", "prompt": prompt, "max_tokens": 40,
+                                 "temperature": 0})
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        alice, bob = "sk-alice-0123456789", "sk-bob-9876543210"
+        first = ask(alice)
+        assert ask(alice)["speculative"]["earlier_drafted"] > 0       # its own earlier text
+        mine = ask(bob)                                                # alice's is not bob's
+        assert mine["speculative"]["earlier_drafted"] == 0
+        assert mine["choices"][0]["text"] == first["choices"][0]["text"]
+        assert ask(bob)["speculative"]["earlier_drafted"] > 0
+        # without a key nothing is done, reset included; with one, only its own is forgotten
+        r = httpx.post(f"{srv.url}/reset_suffix_cache")
+        assert r.status_code == 401
+        r = httpx.post(f"{srv.url}/reset_suffix_cache",
+                       headers={"Authorization": f"Bearer {alice}"})
+        assert r.json() == {"status": "ok", "forgotten_requests": 2}
+        assert ask(alice)["speculative"]["earlier_drafted"] == 0
+        assert ask(bob)["speculative"]["earlier_drafted"] > 0
+        log = (tmp_path / "server.log").read_text()
+        assert alice not in log and bob not in log
+    finally:
+        srv.stop()
