@@ -34,6 +34,11 @@ EARLIER = ("suffix", "fused+suffix")          # sources that read earlier reques
 # the classes earlier requests' continuations are learnt by (after the prediction's)
 SUFFIX_SHORT, SUFFIX_LONG = 2 * MAX_NGRAM + 2, 2 * MAX_NGRAM + 3
 SUFFIX_LONG_MATCH = 8
+# What an earlier request's continuation is taken to be worth before any is judged: a match of
+# several tokens in text this tenant sent before usually goes on as it did (SuffixDecoding's
+# premise), and a prior as low as an untried n-gram's (0.5) would never be tried beside a good
+# draft model; the schedule learns its real worth from there, across requests.
+EARLIER_PRIOR = 0.8
 # What a prediction's tokens are taken to be worth before any is judged (the client claims the
 # output follows it); the schedule learns their real worth from there.
 PREDICTION_PRIOR = 0.9

@@ -171,16 +171,20 @@ class Sources:
     §6.1): the sequence's own continuations (classes below `split`) and the prediction's (from
     `split` on, up to `end`), each in an Acceptance of its own, so that neither source's misses
     move the other's α — a repeat of the prompt that fails says nothing of the client's text,
-    which starts at its claim (0.9) and is judged on its own tokens. Classes from `end` on
-    (earlier requests' continuations) are learnt with the sequence's."""
+    which starts at its claim (0.9) and is judged on its own tokens. Classes from `end` on,
+    earlier requests' continuations, in `earlier` (from its own start) where given, else with
+    the sequence's."""
 
     sequence: Acceptance
     prediction: Acceptance
     split: int
     end: int = _BINS
+    earlier: Acceptance | None = None
 
     def of(self, b: int) -> Acceptance:
-        return self.prediction if self.split <= b < self.end else self.sequence
+        if b >= self.end:
+            return self.earlier or self.sequence
+        return self.prediction if b >= self.split else self.sequence
 
     def chance_in(self, b: int, position: int | None = None) -> float:
         return self.of(b).chance_in(b, position)

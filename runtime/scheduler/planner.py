@@ -30,7 +30,8 @@ import numpy as np
 
 from .. import cache
 from ..round.loop import Loop, Row
-from ..round.lookup import MAX_NGRAM, MODEL_FREE, PREDICTION_PRIOR, SUFFIX_SHORT
+from ..round.lookup import (EARLIER, EARLIER_PRIOR, MAX_NGRAM, MODEL_FREE, PREDICTION_PRIOR,
+                            SUFFIX_SHORT)
 from .batch_cost import TIMED_S, BatchCost, LiveCost, Realized, measure, measure_prefill, plan
 from .calibration import calibrate
 from .cost import CostModel
@@ -82,13 +83,20 @@ class Knowledge:
         invariant) and `source`, round times per `mode`; `own` (a batch's rows, several at
         once) learns on a copy, which the batch keeps when the sequence ends (`keep`).
         `predicted`: the request brings a prediction, whose worth is its own (learnt apart,
-        from the client's claim that the output follows it)."""
+        from the client's claim that the output follows it); earlier requests' continuations
+        (sources EARLIER) are learnt apart too, from EARLIER_PRIOR, across requests."""
         auto = k == "auto"
+        shared = auto and not own
         lookup = self.learnt.setdefault(f"{kind}/lookup", Acceptance()) \
-            if auto and not own and source != "model" else Acceptance()
-        if predicted:
+            if shared and source != "model" else Acceptance()
+        earlier = None
+        if source in EARLIER:
+            earlier = self.learnt.setdefault(f"{kind}/earlier",
+                                             Acceptance.starting_at(EARLIER_PRIOR)) \
+                if shared else Acceptance.starting_at(EARLIER_PRIOR)
+        if predicted or earlier is not None:
             lookup = Sources(lookup, Acceptance.starting_at(PREDICTION_PRIOR), MAX_NGRAM + 1,
-                             SUFFIX_SHORT)
+                             SUFFIX_SHORT, earlier)
         if not auto:
             return FixedK(int(k), source not in MODEL_FREE, self.prior(), lookup)
         cost = self.cost_model()
