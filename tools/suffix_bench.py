@@ -23,8 +23,13 @@ Reported: tokens/s (tokens over decode seconds summed), speed-up over fused auto
 accepted tokens per round, the share of drafts from earlier requests and their acceptance, and
 whether every answer is the target alone's (it must be).
 
-`--concurrency N` (a bundle with max_batch >= N... or the largest it has) also runs the same
-requests N at a time through `generate_batch` at k=0, fused auto and suffix auto.
+`--concurrency N` also runs the same requests N at a time (up to the bundle's max_batch slots)
+through `generate_batch` in every mode, tokens/s over wall seconds.
+
+`--memory N` instead feeds N requests' worth of text (consecutive 300-900-token pieces of
+the standard library, tokenised by the bundle, as prompt and answer) into a SuffixStore of
+`--budget-mb`, and reports its bytes, the process's RSS growth, and the time an add and a
+find take.
 """
 from __future__ import annotations
 
@@ -71,7 +76,15 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--concurrency", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--memory", type=int, default=0)
+    ap.add_argument("--budget-mb", type=float, default=64.0)
     args = ap.parse_args()
+    if args.memory:
+        report = memory(args.bundle, args.memory, args.budget_mb)
+        print(json.dumps(report, indent=1))
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=1) + "\n")
+        return
     gens = {label: Generator.load(args.bundle, threads=args.threads) for label, *_ in MODES}
     first = next(iter(gens.values()))
     requests = workload(first, args.files, args.requests, args.seed)
@@ -173,6 +186,49 @@ def _summary(totals: dict, same: int, count: int) -> dict:
         row["x_k0"] = round(row["tokens_per_s"] / rows["k=0"]["tokens_per_s"], 3)
         row["x_fused_auto"] = round(row["tokens_per_s"] / rows["fused auto"]["tokens_per_s"], 3)
     return {"modes": rows, "identical_answers": f"{same}/{count}"}
+
+
+def memory(bundle: str, count: int, budget_mb: float) -> dict:
+    """RSS and the store's own bytes over `count` requests' text (see the module's text)."""
+    from ssd_runtime.round.suffix import SuffixStore
+    from ssd_runtime.text import TextCodec
+    from ssd_runtime.manifest import read_manifest
+
+    codec = TextCodec(Path(bundle), read_manifest(Path(bundle), verify=False).tokenizer)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    text = "".join(p.read_text() for p in sorted(stdlib.glob("*.py"))[:120])
+    ids = codec.tokens(text)
+    rng = random.Random(0)
+    store = SuffixStore(int(budget_mb * (1 << 20)))
+    before, peak, adds, finds, at = _rss(), 0, [], [], 0
+    for i in range(count):
+        size = rng.randrange(300, 900)
+        if at + size > len(ids):
+            at = 0
+        piece = ids[at:at + size]
+        t0 = time.perf_counter()
+        store.add(f"tenant-{i % 4}", piece)
+        adds.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        store.find(f"tenant-{i % 4}", piece[:rng.randrange(20, 200)], 8)
+        finds.append(time.perf_counter() - t0)
+        at += size // 2                      # half of it again next time: text repeats
+        if i % 100 == 99:
+            peak = max(peak, _rss())
+    summary = store.summary()
+    return {"requests": count, "budget_bytes": summary["budget"], "store_bytes": summary["bytes"],
+            "kept_requests": summary["requests"], "evicted": summary["evicted"],
+            "rss_growth_mb": round((peak - before) / (1 << 20), 1),
+            "add_ms_median": round(1e3 * sorted(adds)[len(adds) // 2], 3),
+            "find_us_median": round(1e6 * sorted(finds)[len(finds) // 2], 1),
+            "find_us_p99": round(1e6 * sorted(finds)[int(len(finds) * 0.99)], 1)}
+
+
+def _rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def _max_batch(bundle: str) -> int:
