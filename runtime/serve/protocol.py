@@ -310,7 +310,7 @@ def speculative_body(result: GenerationResult, replica: str) -> dict[str, Any]:
     return {"k": s.k, "acceptance_rate": s.acceptance_rate,
             "mean_accepted_per_round": s.mean_accepted_per_round, "rounds": s.rounds,
             "tokens_per_s": s.tokens_per_s, "drafted": s.drafted, "accepted": s.accepted,
-            "backend": s.backend, "replica": replica}
+            "forced": s.forced, "backend": s.backend, "replica": replica}
 
 
 def completion_body(rid: str, model: str, result: GenerationResult, replica: str,
