@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="constrain the output to this JSON schema (response_format json_schema)")
     p.add_argument("--json-object", action="store_true",
                    help="constrain the output to a JSON object (response_format json_object)")
+    p.add_argument("--no-forced-tokens", action="store_true",
+                   help="under --json-schema/--json-object, do not draft the tokens the grammar "
+                        "forces (the comparison; the output is the same)")
     p.add_argument("--prediction", metavar="FILE", default=None,
                    help="the text the output is expected to be (predicted outputs): drafted "
                         "where it pays; the output is unchanged")
@@ -82,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                    frequency_penalty=args.frequency_penalty,
                    min_new_tokens=args.min_new_tokens, ignore_eos=args.ignore_eos,
                    draft_source=args.draft_source, response_format=_response_format(args),
+                   forced_tokens=not args.no_forced_tokens,
                    prediction=_read(args.prediction, "--prediction") if args.prediction
                    else None)
     if args.json:
@@ -153,7 +157,7 @@ def format_stats(s) -> str:
             f"tokens/s={s.tokens_per_s:.1f} rounds={s.rounds} acceptance={s.acceptance_rate:.2f} "
             f"accepted/round={s.mean_accepted_per_round:.2f} "
             f"lookup={s.lookup_drafted}/{s.drafted} drafts (acceptance "
-            f"{s.lookup_acceptance_rate:.2f}) | prefill {sec['prefill'] * 1e3:.1f} ms, "
+            f"{s.lookup_acceptance_rate:.2f}) forced={s.forced} | prefill {sec['prefill'] * 1e3:.1f} ms, "
             f"draft {sec['draft'] * 1e3:.1f} ms, verify {sec['verify'] * 1e3:.1f} ms, "
             f"host {sec['host'] * 1e3:.1f} ms")
 

@@ -129,7 +129,8 @@ class Generator:
                 draft_source: str = "fused", tenant: str | None = None,
                 prediction: str | Sequence[int] | None = None,
                 logprobs: int | Logprobs | None = None,
-                response_format: dict[str, Any] | Constraint | None = None) -> Request:
+                response_format: dict[str, Any] | Constraint | None = None,
+                forced_tokens: bool = True) -> Request:
         """One sequence's settings, checked (ConfigError), with its acceptance rule: what
         stream() decodes, and what a batch (batch.py) takes per sequence.
 
@@ -155,8 +156,10 @@ class Generator:
         "json_schema": {"name", "schema", "strict"}}, or a `constraint()`): the output follows
         the grammar, masked on the draft's proposals and the target's verification alike
         (round/grammar.py), so it is the constrained target alone's; a `max_new_tokens` that
-        no output valid under it fits in is refused (round/schema_length.py). `tenant`: who
-        asks (ssd-serve: the id of the request's API key), carried on the Request as given."""
+        no output valid under it fits in is refused (round/schema_length.py). The tokens the
+        grammar forces are verified as free drafts at any k; `forced_tokens=False` drafts
+        none of them (docs/design.md §4). `tenant`: who asks (ssd-serve: the id of the
+        request's API key), carried on the Request as given."""
         top = logprobs.top if isinstance(logprobs, Logprobs) else logprobs
         if top is not None and (not isinstance(top, int) or isinstance(top, bool)
                                 or not 0 <= top <= MAX_TOP):
@@ -199,8 +202,8 @@ class Generator:
                               + ". ---> HINT: leave that setting out.")
         if constraint is not None:
             constraint.check_room(max_new_tokens)
-        rule = make_rule(params, heads, ids,
-                         max(vocab, draft_vocab), self.eos_ids, constraint)
+        rule = make_rule(params, heads, ids, max(vocab, draft_vocab), self.eos_ids, constraint,
+                         forced_tokens)
         eos = set() if ignore_eos else self.eos_ids
         # acceptance is learnt per kind of rule: the invariant one accepts a little less
         kind = "greedy" if params.greedy else "invariant" if params.invariant else "sampled"

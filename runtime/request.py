@@ -94,15 +94,16 @@ def check_settings(k: int | str, max_draft: int, max_new_tokens: int,
 
 def make_rule(params: SamplingParams, heads: HeadSessions | None = None,
               prompt: list[int] = (), vocab: int = 0, eos_ids: set[int] = frozenset(),
-              constraint: Constraint | None = None) -> Rule:
+              constraint: Constraint | None = None, forced: bool = True) -> Rule:
     """The host rule, or the same rule on the bundle's ONNX heads when `heads` is given (the
     heads have no logits processors and no invariant coupling: with penalties, a bias, a
-    minimum length, a response_format or a seeded invariant run the host decides)."""
+    minimum length, a response_format or a seeded invariant run the host decides).
+    `forced=False`: the grammar names no forced tokens to draft (grammar.Matcher.forced)."""
     if heads is None or params.processed or params.invariant or constraint is not None:
         processors = Processors(params, list(prompt), vocab, eos_ids) \
             if params.processed or constraint is not None else None
         if constraint is not None:
-            processors.matcher = constraint.matcher()
+            processors.matcher = constraint.matcher(forced)
         if params.greedy:
             return GreedyAcceptance(processors)
         if params.invariant:

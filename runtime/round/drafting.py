@@ -3,9 +3,10 @@
 A drafter owns its row's draft state: `draft_len` (rows of valid keys/values in its slot of
 the draft's arena), its lookup index, and in split mode the bet thread. The loop (loop.py)
 drafts the model's tokens of every row together, one call per step; a drafter says what its
-row starts a round with (`start`): a lookup continuation found earlier in the sequence where
-the schedule takes it (lookup.py, docs/design.md §6.1), or a split bet's tokens, and how many
-model tokens may follow.
+row starts a round with (`start`): the tokens a response_format's grammar forces (grammar.py,
+docs/design.md §4), a lookup continuation found earlier in the sequence where the schedule
+takes it (lookup.py, docs/design.md §6.1), or a split bet's tokens, and how many model tokens
+may follow.
 
 `SplitDrafter` also drafts round r+1 on a second thread while the target verifies round r,
 betting that all of round r is accepted and guessing the target's bonus token (as in
@@ -42,12 +43,15 @@ class Schedule(Protocol):
 
     def take_lookup(self, matched: int, found: int, k: int) -> int: ...
 
+    def take_forced(self, forced: int, k: int) -> int: ...
+
     def extend_lookup(self, taken: int, k: int) -> bool: ...
 
     def keep_drafting(self, drafted: int, logits: np.ndarray,
                       top: tuple[int, float] | None = None) -> bool: ...
 
-    def observe(self, drafted: int, accepted: int, seconds: float | None = None) -> None: ...
+    def observe(self, drafted: int, accepted: int, seconds: float | None = None,
+                forced: int = 0) -> None: ...
 
 
 class Drafter:
@@ -67,6 +71,10 @@ class Drafter:
         self.from_lookup = 0                   # this round's leading drafts found by lookup
         self.from_prediction = 0               # ... of which the request's prediction's
         self.from_earlier = 0                  # ... of which earlier requests' (suffix.py)
+        self.forced_at: list[int] = []         # this round's drafts the grammar forced (places)
+        # set by the loop each round: the most drafts the row may verify (its room to emit
+        # less the bonus token, the context, the bundle's max_draft): forced tokens' cap
+        self.room = 0
         self.synced = True                     # the draft has seen every draft but the last
         # whether the draft model drafts for this row: a batch stops feeding a row whose
         # draft is behind where catching up costs more than its drafts save (batch_cost.plan);
@@ -118,13 +126,27 @@ class Drafter:
 
     def start(self, seq: list[int], k: int) -> tuple[list[int], list, int]:
         """The round's tokens before any model step and how many model tokens may follow (up
-        to k in all): a lookup continuation where the schedule takes it (its draft
-        probabilities None: point masses, acceptance.py), extended by the model where the
-        schedule says that pays; else none, and the schedule's cap on model tokens."""
+        to k in all): the tokens the grammar forces (not counted in k: up to `room`), then the
+        model's where the schedule says they pay; else a lookup continuation where the
+        schedule takes it (its draft probabilities None: point masses, acceptance.py),
+        extended by the model where the schedule says that pays; else none, and the
+        schedule's cap on model tokens."""
         self.from_lookup = self.from_prediction = self.from_earlier = 0
         self.synced = True
         schedule = self.schedule
         model = self.fed and not self.waits        # the draft model drafts this round
+        forced = self.rule.forced(self.room)
+        self.forced_at = list(range(len(forced)))
+        if forced:
+            # free to draft and certain to pass under the mask: a verification row each, no
+            # draft step and no lookup (docs/design.md §4, "Forced tokens"); the model drafts
+            # on after them where it is in step and the schedule says its tokens pay
+            k = max(0, min(k, self.room - len(forced)))
+            behind = len(seq) - 1 - self.draft_len
+            more = schedule.take_forced(len(forced), k if model and self.extends_lookup
+                                        and behind <= k else 0)
+            self.synced = more > 0
+            return forced, [None] * len(forced), more
         if self.lookup is not None and k > 0:
             found, matched = self.lookup.find(seq, k)
             taken = schedule.take_lookup(matched, len(found), k) if found else 0
@@ -145,6 +167,18 @@ class Drafter:
                     return found[:taken], [None] * taken, 0
                 return found[:taken], [None] * taken, k - taken
         return [], [], max(0, min(k, schedule.model_cap)) if model else 0
+
+    def force(self, drafts: list[int], left: int) -> tuple[list[int], int]:
+        """After the model's latest draft token (the last of `drafts`): the tokens the grammar
+        forces next, drafted after it without draft steps (the model's next call takes them
+        with it), and how many model tokens may still follow, of `left` (a head none: it
+        cannot take several tokens in one call, extends_lookup)."""
+        forced = self.rule.forced(self.room - len(drafts), drafts)
+        if not forced:
+            return forced, left
+        self.forced_at += range(len(drafts), len(drafts) + len(forced))
+        room = self.room - len(drafts) - len(forced)
+        return forced, min(left, room) if self.extends_lookup else 0
 
     def bet(self, drafts: list[int]) -> None:
         """Called while the target verifies `drafts`; the sequential drafter waits."""
@@ -173,6 +207,7 @@ class SplitDrafter(Drafter):
         tokens, probs, seen = self.ready        # drafted during the last verification
         self.ready = None
         self.from_lookup = self.from_prediction = self.from_earlier = 0
+        self.forced_at = []                     # (a grammar refuses split mode)
         self.synced = True
         # the schedule judges a hit's tokens as it judges drafted ones, in order: it learns
         # their confidence (its bins saw only misses' and sequential rounds' tokens) and its

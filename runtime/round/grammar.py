@@ -8,8 +8,10 @@ proposal and to each row of the target's verification, as if the round's pending
 been emitted — the matcher consumes them, computes the mask, and rolls them back; committed
 tokens are consumed for good. So the constrained speculative output is the constrained target
 alone's: greedy the same tokens, sampling from the masked, renormalised distribution (the rules
-are unchanged). llguidance's core is Rust and needs no PyTorch; imported only when a request
-asks for a format.
+are unchanged). Where the grammar leaves one tokenization only (a key, `":`, a brace), the
+matcher names those tokens (`forced`: llguidance's fast-forward tokens) and the round drafts them
+for free (drafting.py, docs/design.md §4). llguidance's core is Rust and needs no PyTorch;
+imported only when a request asks for a format.
 """
 from __future__ import annotations
 
@@ -90,18 +92,22 @@ class Constraint:
                 f"whole answer usually needs more), or loosen the schema (fewer or shorter "
                 f"required properties).")
 
-    def matcher(self) -> Matcher:
+    def matcher(self, forcing: bool = True) -> Matcher:
+        """A sequence's own matcher; `forcing=False` names no forced tokens (the comparison
+        with constrained decoding that drafts none of them)."""
         import llguidance
 
-        return Matcher(llguidance.LLMatcher(self.tokenizer, self.grammar, log_level=0), self)
+        return Matcher(llguidance.LLMatcher(self.tokenizer, self.grammar, log_level=0), self,
+                       forcing)
 
 
 class Matcher:
     """One sequence's place in the grammar: `commit` consumes emitted tokens for good; `allowed`
-    is the mask after `pending` (this round's unjudged tokens), which it rolls back."""
+    is the mask after `pending` (this round's unjudged tokens), which it rolls back; `forced`
+    the tokens the grammar forces after the committed ones."""
 
-    def __init__(self, matcher: Any, constraint: Constraint) -> None:
-        self.matcher, self.constraint = matcher, constraint
+    def __init__(self, matcher: Any, constraint: Constraint, forcing: bool = True) -> None:
+        self.matcher, self.constraint, self.forcing = matcher, constraint, forcing
         self.size = constraint.tokenizer.vocab_size        # the mask's ids
 
     def commit(self, tokens: list[int]) -> None:
@@ -118,6 +124,24 @@ class Matcher:
             bits = np.frombuffer(self.matcher.compute_bitmask(), np.uint8)
             mask = np.unpackbits(bits, bitorder="little")[:min(n, self.size)].astype(bool)
             return mask if len(mask) == n else np.pad(mask, (0, n - len(mask)))
+        finally:
+            if taken:
+                self.matcher.rollback(taken)
+
+    def forced(self, limit: int, pending: list[int] = ()) -> list[int]:
+        """Up to `limit` tokens the grammar forces after `pending` (rolled back, as in
+        `allowed`): llguidance's fast-forward tokens, the canonical tokenization of the bytes
+        it forces, less any last token that a longer one could span (llguidance's
+        docs/fast_forward.md), which its mask then allows alone at each place. The round
+        still judges them as drafts (docs/design.md §4), so the output never rests on that:
+        a forced token the target did not take would be rejected."""
+        if not self.forcing or limit <= 0:
+            return []
+        taken = self.matcher.try_consume_tokens(list(pending)) if pending else 0
+        try:
+            if taken < len(pending) or self.matcher.is_error():
+                return []
+            return list(self.matcher.compute_ff_tokens()[:limit])
         finally:
             if taken:
                 self.matcher.rollback(taken)

@@ -44,6 +44,8 @@ class Stats:
     prediction_accepted: int = 0  # accepted/rejected_prediction_tokens: judged by the target)
     earlier_drafted: int = 0      # of lookup_drafted, earlier requests' (round/suffix.py)
     earlier_accepted: int = 0
+    forced: int = 0               # tokens a response_format's grammar forced, verified beside
+    forced_accepted: int = 0      # the drafts (not in drafted: no one drafted them; design §4)
     split_bets: int = 0           # split mode: rounds whose next round was drafted ahead
     split_hits: int = 0           # ... and whose bet was right
     mode: str = "sequential"
@@ -129,6 +131,7 @@ class Loop:
     def __init__(self, target: ModelSession, draft: ModelSession) -> None:
         self.target, self.draft = target, draft
         self.max_context = target.max_context
+        self.max_draft = target.max_new_len - 2     # the bundle's: a verification's drafts
         # the last round's (draft seconds, draft calls, verify seconds, verified width), its
         # draft seconds without the catch-up prefills, which are `caught_up`: (tokens, seconds)
         self.last: tuple[float, int, float, int] = (0.0, 0, 0.0, 0)
@@ -158,6 +161,7 @@ class Loop:
                 k = min(k, cap)
             room = row.room(self.max_context)
             row.k = max(0, min(k, room - 1, most))
+            row.drafter.room = max(0, min(room - 1, most, self.max_draft))   # forced tokens'
             if row.k and row.schedule.adaptive:
                 # a draft that rounds of lookup alone left behind catches up (a prefill of
                 # all it missed, which the marginal rules do not price) only after a round
@@ -182,8 +186,11 @@ class Loop:
             d = row.drafts
             rows_logits = logits if one else logits[row.slot, :len(d) + 1]
             j, t = row.rule.verify(rows_logits, d, row.probs, row.target_len + 1)
+            forced = row.drafter.forced_at       # the grammar's (design §4): not the schedule's
+            passed = sum(i < j for i in forced)
             if cap != 0:                         # (nothing drafted: nothing to learn)
-                row.schedule.observe(len(d), j, t2 - t0 if one else None)
+                row.schedule.observe(len(d) - len(forced), j - passed,
+                                     t2 - t0 if one else None, len(forced))
             row.target_len += j + 1              # rows for last, d1..dj stay valid
             row.drafter.settle(row.target_len, j == len(d), t)
             new = [*d[:j], t]
@@ -198,8 +205,10 @@ class Loop:
             row.dry = 0 if row.drafter.from_lookup else row.dry + 1
             st.rounds += 1
             st.target_calls += 1
-            st.drafted += len(d)
-            st.accepted += j
+            st.forced += len(forced)
+            st.forced_accepted += passed
+            st.drafted += len(d) - len(forced)
+            st.accepted += j - passed
             if taken := row.drafter.from_lookup:
                 st.lookup_drafted += taken
                 st.lookup_accepted += min(j, taken)
@@ -241,8 +250,12 @@ class Loop:
                 token, q = row.rule.draft_pick(logits, drafter.draft_len, top, row.drafts)
                 row.drafts.append(token)
                 row.probs.append(q)
-                row.left -= 1
-                row.feed = [token]
+                # the tokens the grammar forces after it (design §4): drafts without a step,
+                # which the next call feeds with it
+                forced, row.left = drafter.force(row.drafts, row.left - 1)
+                row.drafts += forced
+                row.probs += [None] * len(forced)
+                row.feed = [token, *forced]
                 # asked after every token, the last too: the schedule learns each one's
                 # confidence from it
                 if row.schedule.keep_drafting(len(row.drafts), logits, top) and row.left:

@@ -20,6 +20,12 @@ class Rule:
         if self.processors is not None:
             self.processors.commit(tokens)
 
+    def forced(self, limit: int, pending: list[int] = ()) -> list[int]:
+        """Up to `limit` tokens a response_format's grammar forces after the committed ones
+        and `pending` (grammar.Matcher.forced); none without one."""
+        matcher = None if self.processors is None else self.processors.matcher
+        return [] if matcher is None else matcher.forced(limit, pending)
+
     def _processed(self, row: np.ndarray, pending: list[int]) -> np.ndarray:
         return row if self.processors is None else self.processors.apply(row, pending)
 

@@ -272,8 +272,10 @@ class Planner:
         draft's catch-ups, priced apart), and the prices' corrections."""
         draft_s, calls, verify_s, width = loop.last
         if self.pricing and len(rows) > 1:
+            # a round of k = 0 may verify forced tokens (design §4): it drafted none
+            drafted = any(len(row.drafts) > len(row.drafter.forced_at) for row in rows)
             self.knowledge.realized[len(rows)].observe(
-                width > 1, sum(map(len, emitted)), seconds - sum(s for _, s in loop.caught_up))
+                drafted, sum(map(len, emitted)), seconds - sum(s for _, s in loop.caught_up))
         live = self.knowledge.priced(span, self.lengths)
         if live is not None:
             if len(rows) > 1:              # (one row's round times are its own schedule's)

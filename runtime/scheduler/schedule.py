@@ -52,10 +52,15 @@ class FixedK:
         the same tokens alone and in a batch)."""
         return False
 
+    def take_forced(self, forced: int, k: int) -> int:
+        """After tokens the grammar forces (docs/design.md §4) the model drafts its k."""
+        return k if self.model else 0
+
     def keep_drafting(self, drafted: int, logits: np.ndarray, top=None) -> bool:
         return True
 
-    def observe(self, drafted: int, accepted: int, seconds: float | None = None) -> None:
+    def observe(self, drafted: int, accepted: int, seconds: float | None = None,
+                forced: int = 0) -> None:
         taken = self._taken
         if taken and self.lookup is not None:
             self.lookup.observe_run(taken, accepted, self._matched)
@@ -291,11 +296,24 @@ class AdaptiveK:
         self._k = k
         return True
 
+    def take_forced(self, forced: int, k: int) -> int:
+        """The round opens with `forced` tokens the grammar forces (docs/design.md §4): free
+        to draft, certain to pass under the mask, a verification row each. How many model
+        tokens may follow (up to k): none where the plan drafts none; a probe's; else those
+        that pay at the plan's rate after them (extend_lookup's marginal rule, each forced
+        token surviving)."""
+        if not k or not self.model or not self._k:
+            return 0
+        if self._probe:
+            self._k = forced + min(k, self._k)
+            return self._k - forced
+        return k if self.extend_lookup(forced, forced + k) else 0
+
     def keep_drafting(self, drafted: int, logits: np.ndarray,
                       top: tuple[int, float] | None = None) -> bool:
         """After each draft step: are more tokens worth their time? `top`: the graph's (argmax,
         probability) of the last row, else the probability is worked out from `logits`.
-        `drafted` counts the round's lookup tokens too."""
+        `drafted` counts the round's lookup and forced tokens too."""
         top = top[1] if top is not None else \
             top_probability(logits[-1], self._scratch(logits.shape[-1]))
         self._tops.append(top)
@@ -304,9 +322,11 @@ class AdaptiveK:
             return drafted < self._k
         return drafted < self._k and self._survive > self._plan[1][drafted] * self._scale
 
-    def observe(self, drafted: int, accepted: int, seconds: float | None = None) -> None:
+    def observe(self, drafted: int, accepted: int, seconds: float | None = None,
+                forced: int = 0) -> None:
         """A round drafted `drafted` tokens (the first _taken of them lookup tokens),
-        `accepted` passed, and drafting plus verification took `seconds`."""
+        `accepted` passed, and drafting plus verification took `seconds`; `forced` more, the
+        grammar's (docs/design.md §4), were verified beside them: not learnt, only timed."""
         taken = self._taken
         self._whole = bool(taken) and accepted >= taken
         if self._probe and drafted > taken:
@@ -315,8 +335,10 @@ class AdaptiveK:
             self.learnt.misses = 0
         if not taken:
             self.learnt.observe(drafted, accepted, self._tops[:drafted])
-            if seconds is not None:
+            if seconds is not None and not forced:
                 self.times.observe(drafted, seconds)
+            elif seconds is not None:      # a width the plan's k do not have: the pace only
+                self.times.observe_pace(self._expected(drafted + forced, drafted), seconds)
             return
         self.lookup.observe_run(taken, accepted, self._matched)
         model = drafted - taken
@@ -325,10 +347,14 @@ class AdaptiveK:
                                    [tenth(t) for t in self._tops[:accepted - taken + 1]],
                                    first_place=taken)
         if seconds is not None:
-            cost = self.cost
-            expected = cost.verify[min(drafted, len(cost.verify) - 1)] + (
-                cost.c_first * cost.target_step + (model - 1) * cost.draft_step if model else 0)
-            self.times.observe_pace(expected, seconds)
+            self.times.observe_pace(self._expected(drafted + forced, model), seconds)
+
+    def _expected(self, width: int, model: int) -> float:
+        """Seconds at pace 1 of a round verifying `width` drafts, `model` of them the draft
+        model's (the others lookup's or forced: no draft step)."""
+        cost = self.cost
+        return cost.verify[min(width, len(cost.verify) - 1)] + (
+            cost.c_first * cost.target_step + (model - 1) * cost.draft_step if model else 0)
 
     def _scratch(self, vocab: int) -> np.ndarray:
         if self._buf is None or len(self._buf) != vocab:

@@ -316,7 +316,7 @@ def speculative_body(result: GenerationResult, replica: str) -> dict[str, Any]:
             "tokens_per_s": s.tokens_per_s, "drafted": s.drafted, "accepted": s.accepted,
             "lookup_drafted": s.lookup_drafted, "lookup_accepted": s.lookup_accepted,
             "earlier_drafted": s.earlier_drafted, "earlier_accepted": s.earlier_accepted,
-            "backend": s.backend, "replica": replica}
+            "forced": s.forced, "backend": s.backend, "replica": replica}
 
 
 def completion_body(rid: str, model: str, result: GenerationResult, replica: str,

@@ -214,7 +214,8 @@ class Thing(pydantic.BaseModel):
 @pytest.mark.parametrize("temperature,seed", [(0.0, None), (0.9, 3)])
 def test_structured_outputs_through_the_openai_client(client, bundle, gen, temperature, seed):
     """A Pydantic model through the client's parse(): the answer parses into it, and it is the
-    constrained target alone's; json_object and a json_schema on completions, streamed too."""
+    constrained target alone's (without forced tokens); json_object and a json_schema on
+    completions, streamed too."""
     from openai.lib._pydantic import to_strict_json_schema
 
     messages = [{"role": "user", "content": "Describe a thing."}]
@@ -226,12 +227,14 @@ def test_structured_outputs_through_the_openai_client(client, bundle, gen, tempe
     fmt = {"type": "json_schema", "json_schema": {"name": "Thing", "strict": True,
                                                   "schema": to_strict_json_schema(Thing)}}
     alone = gen.generate(chat_ids(bundle, messages), max_new_tokens=60, k=0,
-                         temperature=temperature, seed=seed, response_format=fmt)
+                         temperature=temperature, seed=seed, response_format=fmt,
+                         forced_tokens=False)
     assert parsed.choices[0].message.content == alone.text
     args = dict(model=MODEL, prompt=PROMPT, max_tokens=60, temperature=temperature, seed=seed,
                 extra_body={"response_format": fmt})
     whole = client.completions.create(**args)
     Thing.model_validate_json(whole.choices[0].text)
+    assert whole.model_extra["speculative"]["forced"] > 0      # the grammar's, drafted free
     streamed = "".join(c.choices[0].text for c in client.completions.create(**args, stream=True)
                        if c.choices)
     assert streamed == whole.choices[0].text
