@@ -16,10 +16,9 @@ answer that opens with a preamble the prediction lacks (a code fence, "Here is t
 rejects the start, and that says nothing of the text the prediction re-anchors in after it.
 
 Earlier requests are a third source (`draft_source="suffix"` or "fused+suffix", suffix.py):
-where their text
-matches a longer suffix of the sequence than its own n-grams do, their most frequent
-continuation is drafted, its worth learnt per class again (SUFFIX_SHORT, SUFFIX_LONG: a match
-shorter or not than SUFFIX_LONG_MATCH tokens).
+where their text matches a longer suffix of the sequence than its own n-grams do, their most
+frequent continuation is drafted, its worth learnt per class again (SUFFIX_SHORT, SUFFIX_LONG:
+a match shorter or not than SUFFIX_LONG_MATCH tokens), from EARLIER_PRIOR.
 """
 from __future__ import annotations
 

@@ -13,8 +13,7 @@ or divided one little.
 The text lives in one int32 buffer per tenant, earlier requests one after another with a
 separator between them, and an index maps every pair of consecutive tokens (the anchor) to the
 buffer positions after its occurrences, oldest first. A query reads the anchor's most recent
-MAX_CANDIDATES occurrences, measures how far back each matches the sequence (vectorised over
-the buffer), and walks the continuations of the longest matches. Memory is bounded by a byte
+MAX_CANDIDATES occurrences, measures how far back each matches the sequence, and walks the continuations of the longest matches. Memory is bounded by a byte
 budget shared by every tenant: the oldest request goes first (its index entries are the
 front of each list they are in). A tenant's text drafts only that tenant's requests
 (`SuffixStore.view(tenant)`); `clear(tenant)` forgets it.
@@ -179,8 +178,7 @@ class SuffixStore:
         """Forget a tenant's text (every tenant's with `everyone`); the requests forgotten."""
         with self.lock:
             names = list(self.tenants) if everyone else [_name(tenant)]
-            gone = sum(len(self.tenants.pop(n).docs) for n in names if n in self.tenants)
-            return gone
+            return sum(len(self.tenants.pop(n).docs) for n in names if n in self.tenants)
 
     def view(self, tenant: str | None) -> SuffixView:
         return SuffixView(self, tenant)
