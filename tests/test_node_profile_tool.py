@@ -13,8 +13,9 @@ ROOT = Path(__file__).resolve().parent.parent
 TOOL = ROOT / "tools" / "node_profile.py"
 
 # ONNX Runtime's optimized graph of the tiny llama (3 layers), one-token step
-STATIC_LAYER = 30          # the static flavour's layer (the exact one)
+STATIC_LAYER = 23          # the static flavour's fused layer (the exact one; 30 before it)
 ORT_LAYER = 12             # the ort flavour's: one GroupQueryAttention
+FUSED = {"Attention": 1, "RotaryEmbedding": 1, "com.microsoft.SkipSimplifiedLayerNormalization": 2}
 
 
 def run(tmp_path: Path, *args: str) -> list[dict]:
@@ -30,10 +31,11 @@ def test_the_static_layer_keeps_its_nodes_and_the_profile_counts_them(bundle_fac
     (target,) = run(tmp_path, str(bundle), "--models", "target", "--steps", "3", "--past", "20")
     assert (target["graph"], target["quant"], target["layers"]) == ("static", "int4", 3)
     opt = target["optimized"]
-    print("static optimized", opt)
     assert opt["layer"] <= STATIC_LAYER, opt["layer_ops"]
     assert opt["step"] == 3 * opt["layer"] + opt["outside"]
-    assert opt["layer_ops"]["com.microsoft.MatMulNBits"] >= 4      # the weights, fused
+    assert opt["layer_ops"]["com.microsoft.MatMulNBits"] == 4      # qkv, o, gate|up, down
+    for op, n in FUSED.items():
+        assert opt["layer_ops"][op] == n, opt["layer_ops"]
     assert target["exported"]["step"] > opt["step"]
     profile = target["profile"]
     assert profile["steps"] == 3 and profile["nodes_run"] == opt["step"]
@@ -41,14 +43,15 @@ def test_the_static_layer_keeps_its_nodes_and_the_profile_counts_them(bundle_fac
 
 
 def test_every_graph_of_an_ort_bundle_is_counted(bundle_factory, tmp_path):
+    """The ort target, its rows graph (the static layer over its weights) and the draft."""
     bundle = bundle_factory("llama", "llama_cut")
     rows = {r["model"]: r for r in run(tmp_path, str(bundle))}
     assert set(rows) == {"target", "rows", "draft"}
     target = rows["target"]["optimized"]
-    print("ort optimized", target, "rows", rows["rows"]["optimized"])
     assert target["layer"] <= ORT_LAYER
     assert target["layer_ops"]["com.microsoft.GroupQueryAttention"] == 1
-    assert rows["rows"]["optimized"]["layer"] <= STATIC_LAYER
+    assert rows["rows"]["optimized"]["layer"] <= STATIC_LAYER     # the static layer's
+    assert rows["rows"]["optimized"]["layer_ops"]["Attention"] == 1
     assert rows["draft"]["layers"] == 1 and rows["draft"]["optimized"]["layer"] is None
 
 
