@@ -46,6 +46,7 @@ def test_a_rows_logits_do_not_depend_on_the_rows_beside_it(bundle_factory, graph
     assert (together == alone).all(), f"rows differ by {np.abs(together - alone).max(1)}"
 
 
+@pytest.mark.slow
 def test_the_plain_static_layer_keeps_a_rows_bits_too(bundle_factory):
     """A target the fused layer does not take (q/k norms: qwen3) keeps the plain static layer
     (graphs/attention.py _attend_cache), whose rows are as exact (design §12)."""
