@@ -172,7 +172,7 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
         keys = scatter_rows(past_k, k, scatter_at)                  # (B, Hkv, R, D)
         values = scatter_rows(past_v, v, scatter_at)
         out = _attend_cache(a, heads, scaling, q, keys, values, live_rows, bias, sinks)
-        return _output(attn, a, out.to(h.dtype)), keys, values
+        return output_projection(attn, a, out.to(h.dtype)), keys, values
     keys = torch.cat((past_k, k), dim=1)                            # (B, S, Hkv, D)
     values = torch.cat((past_v, v), dim=1)
     kt = keys.permute(0, 2, 3, 1)[:, :, None]                       # (B, Hkv, 1, D, S)
@@ -187,7 +187,7 @@ def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torc
     probs = softmax_with_sinks(scores + bias, sinks).to(h.dtype)
     out = row_exact_matmul(probs, vs)                               # (B, Hkv, G, T, D)
     out = out.permute(0, 3, 1, 2, 4).reshape(B, T, Hkv * G * D)
-    return _output(attn, a, out), k, v
+    return output_projection(attn, a, out), k, v
 
 
 def _attend_cache(a: Adapter, heads: Heads, scaling: float, q: torch.Tensor,
@@ -266,10 +266,10 @@ def _ort_attention(attn, a: Adapter, heads: Heads, scaling: float, h, q, k, v, c
         None if a.attn_sinks is None else getattr(attn, a.attn_sinks),
         heads.num_heads, heads.num_kv_heads, scaling, float(a.attn_softcap or 0.0), o.window,
         int(o.do_rotary))
-    return _output(attn, a, out), cache_k, cache_v
+    return output_projection(attn, a, out), cache_k, cache_v
 
 
-def _output(attn: nn.Module, a: Adapter, out: torch.Tensor) -> torch.Tensor:
+def output_projection(attn: nn.Module, a: Adapter, out: torch.Tensor) -> torch.Tensor:
     """The heads' outputs (B, T, H·D) through the output projection."""
     return latent_output(attn, a.latent, out) if a.latent is not None else getattr(attn, a.o)(out)
 

@@ -33,6 +33,7 @@ from torch import nn
 from .adapters import Adapter, get_path, sliding_windows
 from .attention import (Heads, OrtAttention, attention, cache_index, cache_positions,
                         causal_mask, key_positions)
+from .fused import Fusion
 from .moe import check_moe, cost_note, kernel_refusal, kernel_weights, moe, moe_block
 from .positions import Rope, alibi_bias, alibi_slopes, log_position_scale
 
@@ -78,6 +79,9 @@ class Decoder(nn.Module):
             self._init_ort(max_context)
         elif flavour == contract.STATIC:
             self._init_static()
+        # the static and rows graphs' layer in fused operators where the model fits it (fused.py)
+        self.fusion = Fusion.plan(self, max_context, pack_mlp=flavour == contract.STATIC) \
+            if flavour in (contract.STATIC, contract.ROWS) else None
         if a.positions == "alibi":
             slopes = alibi_slopes(num_heads, a.alibi_dtype == "bfloat16")
             slopes = slopes.view(num_kv_heads, self.heads.groups)              # (Hkv, G)
@@ -136,6 +140,8 @@ class Decoder(nn.Module):
             qkv_tables = {}
         masks = {w: causal_mask(position_ids, key_pos, key_valid, w)              # (B,1,1,T,S)
                  for w in set(self.windows)}
+        if static and self.fusion is not None:
+            return self.fusion.decode(self, x, position_ids, past, live_rows, masks)
         alibi = None
         if a.positions == "alibi":                                  # (B, Hkv, G, 1, S)
             dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(a.alibi_dtype,
@@ -149,7 +155,7 @@ class Decoder(nn.Module):
             bias = masks[self.windows[i]]
             if alibi is not None:                                   # Falcon scales it like q·k
                 bias = bias + (alibi * self.scalings[i] if a.alibi_scaled else alibi)
-            packed = self._packed(i)
+            packed = self.packed_projection(i)
             key = self.rope_keys[i]
             cos_sin = qkv_tables[key] if packed is not None and key in qkv_tables \
                 else tables.get(key)
@@ -171,7 +177,7 @@ class Decoder(nn.Module):
             entering[len(self.layers)] = x if self.final_norm is None else self.final_norm(x)
         return (torch.cat([entering[i] for i in self.aux_layers], dim=-1).float(),)
 
-    def _packed(self, i: int) -> nn.Module | None:
+    def packed_projection(self, i: int) -> nn.Module | None:
         """Layer i's one projection [q | k | v] where the graph has one: the rows graph's (the
         ort flavour's packed weights, so the two graphs share them) and the static flavour's;
         else None."""
@@ -368,10 +374,10 @@ class Decoder(nn.Module):
         if a.attn_out_norm is not None:
             attn_out = getattr(layer, a.attn_out_norm)(attn_out)
         if a.residual == "parallel":
-            m = self._mlp(i, mlp_norm(x) if mlp_norm is not None else h)
+            m = self.mlp_block(i, mlp_norm(x) if mlp_norm is not None else h)
             return x + self._scaled(attn_out + m), new_k, new_v
         x = norm(x + attn_out) if post else x + self._scaled(attn_out)
-        m = self._mlp(i, x if post or mlp_norm is None else mlp_norm(x))
+        m = self.mlp_block(i, x if post or mlp_norm is None else mlp_norm(x))
         x = mlp_norm(x + m) if post else x + self._scaled(m)
         return x, new_k, new_v
 
@@ -379,7 +385,7 @@ class Decoder(nn.Module):
         scale = self.adapter.residual_scale
         return branch if scale == 1.0 else branch * scale
 
-    def _mlp(self, i: int, h: torch.Tensor) -> torch.Tensor:
+    def mlp_block(self, i: int, h: torch.Tensor) -> torch.Tensor:
         a, layer = self.adapter, self.layers[i]
         if i in self.moe_layers:
             kernel = tuple(getattr(self, f"moe_{name}_{i}") for name in _KERNEL_WEIGHTS) \

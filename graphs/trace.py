@@ -63,6 +63,10 @@ def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context:
             from .ort_ops import translation_table
 
             extra = {"custom_translation_table": translation_table()}
+        elif decoder.fusion is not None:    # static, rows: the fused layer (fused.py)
+            from .fused_ops import translation_table
+
+            extra = {"custom_translation_table": translation_table()}
     else:                               # the past only (B, P, Hkv, D)
         kv_shape = (batch, past_len, decoder.num_kv_heads, decoder.head_dim)
         kv_dims = {0: B, 1: torch.export.Dim("past_len", min=0, max=max_context)}
@@ -85,6 +89,7 @@ def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context:
             dynamic_shapes=shapes, verbose=False, **extra,
         )
         program.save(str(path), external_data=True)
+    lower_fused(path)
     rewrite_rsqrt_as_div(path)
     return TracedModel(
         path=path, num_layers=n_layers, num_kv_heads=decoder.num_kv_heads,
@@ -120,6 +125,18 @@ def append_tops(path: Path) -> None:
                          helper.make_tensor_value_info(contract.TOP_PROB, TensorProto.FLOAT,
                                                        ["batch"])])
     onnx.save(model, str(path))
+
+
+def lower_fused(path: Path) -> bool:
+    """The fused layer's placeholder nodes as the operators ONNX Runtime runs (fused_ops.lower),
+    in place; weights untouched. Returns whether the graph had any."""
+    from .fused_ops import lower
+
+    model = onnx.load(str(path), load_external_data=False)
+    if not lower(model):
+        return False
+    onnx.save(model, str(path))
+    return True
 
 
 def rewrite_rsqrt_as_div(path: Path) -> int:

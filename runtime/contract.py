@@ -71,6 +71,11 @@ QDQ_ACCURACY = "session.qdq_matmulnbits_accuracy_level"   # the fused MatMulNBit
 # kernel for it, 1.23.1 onwards give 1.32's logits.
 MOES = ("none", "dense", "kernel")
 MOE_KERNEL_MIN = (1, 23, 1)
+# The static flavour's fused layer (ONNX opset 23's Attention and RotaryEmbedding, ONNX
+# Runtime's SkipSimplifiedLayerNormalization; docs/design.md §12): 1.22 refuses opset 23,
+# 1.23.0 runs the three with a row's bits independent of the rows beside it. The exporter
+# writes the plain layer under an older onnxruntime.
+STATIC_FUSED_MIN = (1, 23)
 
 
 def version_tuple(onnxruntime_version: str) -> tuple[int, int, int]:

@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="graph flavour: standard ONNX runs on every backend (TensorRT, ORT CUDA, "
                         "ORT CPU); ort uses ONNX Runtime's GroupQueryAttention kernel with the KV "
                         "cache updated in place, faster on ORT CPU and CPU-only; static is "
-                        "standard ONNX over whole caches written in place (ScatterND): fixed "
+                        "ONNX over whole caches written in place (ScatterND): fixed "
                         "shapes per batch and new tokens, batches of several new tokens per row, "
                         "any ONNX Runtime provider, not TensorRT; auto (default) is ort unless "
                         "TensorRT engines are built or onnxruntime has CUDA here, or static "

@@ -46,6 +46,19 @@ def test_a_rows_logits_do_not_depend_on_the_rows_beside_it(bundle_factory, graph
     assert (together == alone).all(), f"rows differ by {np.abs(together - alone).max(1)}"
 
 
+@pytest.mark.slow
+def test_the_plain_static_layer_keeps_a_rows_bits_too(bundle_factory):
+    """A target the fused layer does not take (q/k norms: qwen3) keeps the plain static layer
+    (graphs/attention.py _attend_cache), whose rows are as exact (design §12)."""
+    import onnx
+
+    bundle = bundle_factory("qwen3", "llama_cut", graph="static", quant="int4")
+    graph = onnx.load(str(bundle / read_manifest(bundle).target.path), load_external_data=False)
+    assert "Attention" not in {n.op_type for n in graph.graph.node}
+    together, alone = rows_alone_and_together(bundle)
+    assert (together == alone).all(), f"rows differ by {np.abs(together - alone).max(1)}"
+
+
 @pytest.mark.parametrize("graph,quant", GQA, ids=["-".join(f) for f in GQA])
 def test_group_query_attention_rows_depend_on_the_rows_beside_them(bundle_factory, graph,
                                                                    quant):
