@@ -74,8 +74,8 @@ def agreement(head, rows: Rows, steps: int, batch: int, device) -> list[tuple[in
     argmax; scored positions): teacher-forced top-1 agreement of each unrolled step."""
     counts = [[0, 0] for _ in range(steps)]
     d2t = head.d2t
-    for first in range(0, len(rows.ids), batch):
-        part = rows.select(torch.arange(first, min(first + batch, len(rows.ids))))
+    for first in range(0, len(rows), batch):
+        part = rows.select(torch.arange(first, min(first + batch, len(rows))))
         width = int(part.mask.any(0).nonzero().max()) + 1 if part.positions else 0
         if width == 0:
             continue
