@@ -82,9 +82,13 @@ def answer_bundle(cache: AnswerCache, target: str, given: Path | None, quant: st
 
 
 def open_generator(bundle: Path, max_batch: int, threads: int | None):
+    """The runtime over `bundle`, max_batch sequences at a time (fewer if the bundle was
+    exported for fewer)."""
     from ssd_runtime import Generator
+    from ssd_runtime.manifest import read_manifest
 
-    return Generator.load(bundle, max_batch=max_batch, threads=threads)
+    slots = min(max_batch, read_manifest(bundle, verify=False).max_batch)
+    return Generator.load(bundle, max_batch=slots, threads=threads)
 
 
 def float_answers(gen) -> bool:
@@ -149,41 +153,69 @@ def queue(prompts: list[Prompt], tokenizer, plan: AnswerPlan, seed: int
 
 def write_answers(gen, cache: AnswerCache, items: list, plan: AnswerPlan, sources: set[str],
                   bytes_per_token: float, progress: Progress) -> Written:
-    """Answer the items the cache does not hold yet, a part at a time, until it holds
-    `plan.answers` answers of `sources` or a --data-budget bound would be passed."""
+    """Answer the items the cache does not hold yet until it holds `plan.answers` answers of
+    `sources` or a --data-budget bound would be passed: one continuous batch over the
+    runtime's slots (a sequence joins as another ends), a part written every
+    `plan.part_size` answers."""
     held_keys, per_source = cache.known()
     held = sum(a for s, (a, _) in per_source.items() if s in sources)
     held_positions = sum(p for a, p in per_source.values())
     todo = [it for it in items if _item_key(it) not in held_keys]
-    todo = todo[:max(0, plan.answers - held)]
+    todo = iter(todo[:max(0, plan.answers - held)])
+    total = held + max(0, min(plan.answers - held, len(items)))
     written = Written()
     labels = float_answers(gen)
     sample = gen.defaults(openai=True)           # how ssd-serve samples an unset request
     start = time.monotonic()
-    for first in range(0, len(todo), plan.part_size):
-        chunk = todo[first:first + plan.part_size]
-        stop = _over_budget(cache, plan, held_positions + written.positions,
-                            len(chunk) * plan.max_new_tokens, bytes_per_token)
-        if stop:
-            written.stopped = stop
-            break
-        asks = [{"prompt": ids, "max_new_tokens": plan.max_new_tokens, "logprobs": TOP,
-                 **({"temperature": 0.0} if mode == "greedy" else
-                    {"temperature": sample["temperature"] or 1.0, "top_p": sample["top_p"],
-                     "top_k": sample["top_k"], "seed": seed})}
-                for _, ids, mode, seed in chunk]
-        results = gen.generate_batch(asks, k=0)
-        bad = [r.error for r in results if r.stop_reason == "error"]
-        if bad:
-            raise ConfigError(f"the runtime refused a prompt: {bad[0]} ---> HINT: report it.")
-        part = _part(chunk, results, labels)
+    live: dict[int, tuple] = {}
+    done: list[tuple] = []
+    written.stopped = _over_budget(cache, plan, held_positions, plan.part_size
+                                   * plan.max_new_tokens, bytes_per_token)
+
+    def save(chunk: list[tuple]) -> None:
+        part = _part([it for it, _ in chunk], [r for _, r in chunk], labels)
         cache.write(cache.next_name(), part)
         written.answers += len(chunk)
         written.positions += part.positions
         written.tokens += part.tokens
         written.seconds = time.monotonic() - start
-        progress(held + written.answers, held + len(todo),
-                 f"{written.positions / max(written.seconds, 1e-6):,.0f} tok/s")
+
+    with gen.batch(k=0) as batch:
+        while True:
+            while not written.stopped and len(live) < gen.max_batch + 2:
+                item = next(todo, None)
+                if item is None:
+                    break
+                _, ids, mode, seed = item
+                settings = ({"temperature": 0.0} if mode == "greedy" else
+                            {"temperature": sample["temperature"] or 1.0, "seed": seed,
+                             "top_p": sample["top_p"], "top_k": sample["top_k"]})
+                live[batch.add(ids, plan.max_new_tokens, pieces=False, logprobs=TOP,
+                               **settings)] = item
+            if not live:
+                break
+            for event in batch.step():
+                if event.result is None or event.id not in live:
+                    continue
+                item = live.pop(event.id)
+                if event.result.stop_reason in ("error", "cancelled"):
+                    continue
+                done.append((item, event.result))
+                made = written.positions + sum(len(r.token_ids) for _, r in done)
+                progress(held + written.answers + len(done), total,
+                         f"{made / max(time.monotonic() - start, 1e-6):,.0f} tok/s")
+            while len(done) >= plan.part_size and not written.stopped:
+                save(done[:plan.part_size])
+                done = done[plan.part_size:]
+                written.stopped = _over_budget(cache, plan, held_positions + written.positions,
+                                               plan.part_size * plan.max_new_tokens,
+                                               bytes_per_token)
+            if written.stopped:
+                for seq_id in list(live):
+                    batch.cancel(seq_id)
+                live.clear()
+        if done and not written.stopped:
+            save(done)
     return written
 
 
