@@ -152,13 +152,13 @@ def queue(prompts: list[Prompt], tokenizer, plan: AnswerPlan, seed: int
 
 
 def write_answers(gen, cache: AnswerCache, items: list, plan: AnswerPlan, sources: set[str],
-                  bytes_per_token: float, progress: Progress) -> Written:
+                  exclude: bool, bytes_per_token: float, progress: Progress) -> Written:
     """Answer the items the cache does not hold yet until it holds `plan.answers` answers of
-    `sources` or a --data-budget bound would be passed: one continuous batch over the
-    runtime's slots (a sequence joins as another ends), a part written every
-    `plan.part_size` answers."""
+    `sources` (with `exclude`: of every other source) or a --data-budget bound would be
+    passed: one continuous batch over the runtime's slots (a sequence joins as another
+    ends), a part written every `plan.part_size` answers."""
     held_keys, per_source = cache.known()
-    held = sum(a for s, (a, _) in per_source.items() if s in sources)
+    held = sum(a for s, (a, _) in per_source.items() if (s in sources) != exclude)
     held_positions = sum(p for a, p in per_source.values())
     todo = [it for it in items if _item_key(it) not in held_keys]
     todo = iter(todo[:max(0, plan.answers - held)])

@@ -57,9 +57,11 @@ def prefill(target, ids: torch.Tensor, layer_ids: list[int], labels_at: torch.Te
 
     handles = [layers[i].register_forward_pre_hook(catch(i), with_kwargs=True)
                for i in layer_ids]
+    cuda = ids.device.type == "cuda"      # mixed precision there, float32 on the CPU
     try:
         try:
-            hidden = target.base_model(input_ids=ids).last_hidden_state      # (B, T, H)
+            with torch.autocast(ids.device.type, torch.bfloat16, enabled=cuda):
+                hidden = target.base_model(input_ids=ids).last_hidden_state  # (B, T, H)
         except _Stop:
             hidden = None
     finally:
@@ -69,7 +71,7 @@ def prefill(target, ids: torch.Tensor, layer_ids: list[int], labels_at: torch.Te
     if labels_at is None:
         return features, None
     assert hidden is not None
-    logp = torch.log_softmax(head_logits(target, hidden[labels_at], None), -1)   # (N, V)
+    logp = torch.log_softmax(head_logits(target, hidden[labels_at].float(), None), -1)  # (N, V)
     top = logp.topk(TOP, -1)
     return features, (top.indices, top.values)
 

@@ -40,6 +40,7 @@ from .head_init import init_from_target
 from .memory import ANSWER_CONTEXT, ANSWER_SLOTS, check_memory
 from .pipeline import Log, check_paths, load_target, publish, read_texts, run_key
 from .plan import Plan, Rates, describe, make_plan, parse_budget, parse_data_budget
+from .probe import autocast, choose, train_rates
 from .prompts import (DOCSTRINGS, HELDOUT, SHIPPED, TEXT, Prompt, docstring_texts, interleave,
                       read_prompt_file, shipped, text_prompts, user_turn_opening)
 from .train import train
@@ -47,7 +48,6 @@ from .ttt import agreement, loss, to_device
 
 SELF_SHARE = 1 / 3       # of a chat model's answers, to its own questions (Magpie)
 LADDER = (1024, 2048, 4096, 8192, 16384, 32768, 65536)   # draft vocabulary sizes tried
-PROBE_STEPS = 3          # training steps timed for the plan (after one untimed)
 
 
 def distill_head(config: DistillConfig) -> dict:
@@ -151,14 +151,15 @@ def _distill_head(config: DistillConfig, preset: Preset, target, tokenizer,
                         budget_bytes=None)
     wrote = ans.write_answers(gen, cache, ans.queue(held_prompts, tokenizer, held_plan,
                                                     config.seed + 7),
-                              held_plan, {HELDOUT}, bpt, log.bar("held-out answers"))
+                              held_plan, {HELDOUT}, False, bpt, log.bar("held-out answers"))
     log.stage("their features (a prefill of the float target)")
+    target.to(device)                 # on a GPU the prefill runs there, under autocast
     f_tokens, f_seconds = make_features(target, cache, layer_ids, not runtime_labels,
                                         log.bar("features"))
     held = Corpus(cache, {HELDOUT}, False, width, preset.max_prompt + new_tokens)
 
     rates = _rates(cache, wrote, f_tokens, f_seconds, held, target, layer_ids, preset, device,
-                   chat and user is None)
+                   chat and user is None, budget_s is not None)
     plan = _plan(config, preset, budget_s, cache, rates, data_budget[1], work, log)
     sources = _train_prompts(config, user, texts, chat)
     if chat and user is None:
@@ -172,8 +173,7 @@ def _distill_head(config: DistillConfig, preset: Preset, target, tokenizer,
     train_plan = replace(settings, answers=plan.answers)
     wrote_train = ans.write_answers(gen, cache, ans.queue(prompts, tokenizer, train_plan,
                                                           config.seed),
-                                    train_plan, {p.source for p in prompts}, bpt,
-                                    log.bar("answers"))
+                                    train_plan, {HELDOUT}, True, bpt, log.bar("answers"))
     if wrote_train.stopped:
         log.line(f"stopped writing answers: {wrote_train.stopped}")
     del gen
@@ -198,15 +198,15 @@ def _distill_head(config: DistillConfig, preset: Preset, target, tokenizer,
     epochs = plan.epochs if preset.steps is None else preset.epochs
     left = (budget_s - (time.monotonic() - log.t0)) if budget_s else preset.train_budget_s
     run = replace(preset, epochs=epochs, train_budget_s=max(60.0, left * 0.97))
-    log.stage(f"train {run.ttt_steps} unrolled steps on {device}: {corpus.positions:,} "
-              f"positions, {epochs:g} epoch(s)")
+    log.stage(f"train {run.ttt_steps} unrolled steps on {device} ({plan.precision}): "
+              f"{corpus.positions:,} positions, {epochs:g} epoch(s)")
     params = [p for p in head.parameters() if p.requires_grad]
     draft_of = torch.full((vocab,), -1, dtype=torch.long)                 # target id -> draft id
     draft_of[torch.tensor(ids)] = torch.arange(len(ids))
     draft_of, t2d_dev = draft_of.to(device), t2d.to(device)
 
     def loss_fn(batch: Rows) -> torch.Tensor:
-        with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
+        with autocast(device, plan.precision):
             return loss(head, to_device(batch, device), run.ttt_steps, t2d_dev, draft_of)
 
     result = train(head, params, corpus, run, loss_fn, config.seed + 1, work / "checkpoint.pt",
@@ -289,37 +289,23 @@ def _train_prompts(config: DistillConfig, user: list[Prompt] | None, texts: list
 
 def _rates(cache: AnswerCache, wrote: ans.Written, f_tokens: int, f_seconds: float,
            held: Corpus, target, layer_ids: list[int], preset: Preset, device,
-           questions: bool) -> Rates:
+           questions: bool, planned: bool) -> Rates:
     """This machine's rates: measured now where this run did the work, else those the cache
     recorded when it did; training timed on a few steps of a throwaway head."""
     seen = cache.manifest.get("rates", {})
     answer = wrote.positions / wrote.seconds if wrote.seconds > 5 else seen.get("answer")
     feature = f_tokens / f_seconds if f_seconds > 5 else seen.get("feature")
-    head = Eagle3Head(head_config(target.config, min(8192, int(target.config.vocab_size)),
-                                  layer_ids), embed_weight=target.get_input_embeddings().weight)
-    head.to(device)
-    Vd = head.config.draft_vocab_size
-    t2d = torch.zeros(int(target.config.vocab_size), dtype=torch.bool, device=device)
-    t2d[:Vd] = True
-    draft_of = torch.where(t2d, torch.arange(len(t2d), device=device), -1)
-    opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=1e-4)
-    gen = torch.Generator().manual_seed(0)
-    positions, seconds = 0, 0.0
-    for step in range(PROBE_STEPS + 1):
-        batch = held.draw(gen, preset.batch)
-        start = time.monotonic()
-        with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
-            value = loss(head, to_device(batch, device), preset.ttt_steps, t2d, draft_of)
-        value.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if step:                                     # the first step warms up
-            positions += batch.positions
-            seconds += time.monotonic() - start
+    vocab = int(target.config.vocab_size)
+    head = Eagle3Head(head_config(target.config, min(8192, vocab), layer_ids),
+                      embed_weight=target.get_input_embeddings().weight).to(device)
+    per_precision = train_rates(head, held, vocab, preset.batch, preset.ttt_steps, device)
+    # a fixed-count run trains float32 on a CPU: the same weights whatever the timing said
+    precision = choose(per_precision, device) if planned or device.type == "cuda" \
+        else "float32"
     tokens = int((held.rows[:, 2] + held.rows[:, 3]).sum())
     per_answer = held.positions / max(len(held), 1)
     rates = Rates(answer=answer or 0.0, feature=feature or 0.0,
-                  train=positions / max(seconds, 1e-6),
+                  train=per_precision[precision], precision=precision,
                   tokens_per_position=tokens / max(held.positions, 1),
                   positions_per_answer=per_answer,
                   questions_per_position=SELF_SHARE * ans.SELF_TOKENS / 2 / per_answer
@@ -345,7 +331,7 @@ def _plan(config: DistillConfig, preset: Preset, budget_s: float | None, cache: 
     if budget_s is None:
         plan = Plan(answers=preset.prompts, new_positions=0, positions=held_positions,
                     epochs=preset.epochs, answer_s=0.0, feature_s=0.0, train_s=0.0, budget_s=0.0,
-                    note="fixed counts (no --budget)")
+                    note="fixed counts (no --budget)", precision=rates.precision)
         log.line(f"{plan.answers:,} answers, {plan.epochs:g} epoch(s) (fixed: no --budget)")
     else:
         if not rates.answer or not rates.feature:

@@ -36,6 +36,7 @@ class Rates:
     positions_per_answer: float
     questions_per_position: float = 0.0   # tokens of the model's own questions (Magpie)
                                           # written per answer position
+    precision: str = "float32"   # what training runs in (probe.py): the faster here
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class Plan:
     train_s: float
     budget_s: float
     note: str = ""
+    precision: str = "float32"   # training's (probe.py), kept by a resumed run
 
     def as_dict(self) -> dict:
         return {k: round(v, 2) if isinstance(v, float) else v for k, v in asdict(self).items()}
@@ -114,7 +116,8 @@ def make_plan(budget_s: float, elapsed_s: float, rates: Rates, held_positions: i
     answers = math.ceil(total / rates.positions_per_answer)
     return Plan(answers=answers, new_positions=int(new), positions=int(total), epochs=passes,
                 answer_s=new * (1 + rates.questions_per_position) / rates.answer, feature_s=new * feature_cost + fixed,
-                train_s=total * passes / rates.train, budget_s=budget_s, note=note)
+                train_s=total * passes / rates.train, budget_s=budget_s, note=note,
+                precision=rates.precision)
 
 
 def describe(plan: Plan, rates: Rates, elapsed_s: float) -> list[str]:
@@ -122,7 +125,8 @@ def describe(plan: Plan, rates: Rates, elapsed_s: float) -> list[str]:
     end = elapsed_s + plan.answer_s + plan.feature_s + plan.train_s
     return [
         f"measured here: answers {rates.answer:,.0f} positions/s (batched), features "
-        f"{rates.feature:,.0f} tokens/s (a prefill), training {rates.train:,.0f} positions/s; "
+        f"{rates.feature:,.0f} tokens/s (a prefill), training {rates.train:,.0f} positions/s "
+        f"({rates.precision}); "
         f"{rates.positions_per_answer:.0f} positions an answer, "
         f"{rates.tokens_per_position:.2f} tokens a position with its prompt",
         f"plan for {_clock(plan.budget_s)}: {plan.answers:,} answers, {plan.positions:,} "

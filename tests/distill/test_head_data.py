@@ -340,3 +340,38 @@ def test_a_killed_run_continues_where_it_stopped(chat_target, answer_bundle, tmp
     d = json.loads((out / "distill.json").read_text())["data"]
     assert d["answers"] == 200 and d["new_answers"] == 200 - 8 * (len(held) - 1)
     assert not [f for f in _cache_files(cache) if ".tmp-" in f]
+
+
+def test_mixed_precision_training_steps_match_float32(chat_target):
+    """The loss under bfloat16 autocast (what a GPU trains in, and a CPU where it is faster)
+    is float32's within bfloat16's rounding, and its gradients point the same way."""
+    from transformers import AutoModelForCausalLM
+
+    from ssd_distill.data import Rows
+    from ssd_distill.features import prefill
+    from ssd_distill.head import head_config
+    from ssd_distill.probe import autocast
+    from ssd_distill.ttt import loss
+    from ssd_graphs.eagle3 import Eagle3Head
+
+    target = AutoModelForCausalLM.from_pretrained(chat_target).eval()
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, 384, (2, 24), generator=g)
+    features, (top_ids, top_logp) = prefill(target, ids, [2, 4, 5],
+                                            torch.ones(2, 24, dtype=torch.bool))
+    rows = Rows(ids, torch.ones(2, 24, dtype=torch.bool), top_ids.view(2, 24, -1).int(),
+                top_logp.view(2, 24, -1).half(), top_ids[:, 0].view(2, 24),
+                features.half())
+    head = Eagle3Head(head_config(target.config, 384, [2, 4, 5]),
+                      embed_weight=target.get_input_embeddings().weight)
+    t2d = torch.ones(384, dtype=torch.bool)
+    grads = {}
+    for precision in ("float32", "bfloat16"):
+        head.zero_grad()
+        with autocast(torch.device("cpu"), precision):
+            value = loss(head, rows, 3, t2d, torch.arange(384))
+        value.backward()
+        grads[precision] = (value.item(), head.fc.weight.grad.flatten().clone())
+    (l32, g32), (l16, g16) = grads["float32"], grads["bfloat16"]
+    assert abs(l16 - l32) < 0.02 * l32, (l32, l16)
+    assert torch.nn.functional.cosine_similarity(g32, g16, dim=0) > 0.95
