@@ -14,7 +14,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
@@ -263,15 +263,3 @@ def prompt_info(prompts: list[Prompt]) -> dict[str, int]:
     for p in prompts:
         out[p.source] = out.get(p.source, 0) + 1
     return out
-
-
-def summary(cache: AnswerCache) -> dict[str, Any]:
-    """What the cache holds, per source: answers and positions."""
-    per: dict[str, list[int]] = {}
-    for name in cache.parts():
-        part = cache.read(name)
-        for m, n in zip(part.meta, part.answer_len.tolist()):
-            entry = per.setdefault(m["source"], [0, 0])
-            entry[0] += 1
-            entry[1] += n
-    return {s: {"answers": a, "positions": p} for s, (a, p) in sorted(per.items())}

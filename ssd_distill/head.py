@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from ssd_graphs.eagle3 import Eagle3Config, Eagle3Head, is_head, save_safeailab
-from ssd_runtime.errors import ConfigError
+from ssd_graphs.eagle3 import Eagle3Head, is_head, save_safeailab
+from ssd_runtime.errors import ConfigError, SsdError
 
 from . import answers as ans
 from .cache import AnswerCache, target_identity
@@ -36,11 +36,11 @@ from .corpus import Corpus, draft_vocabulary
 from .data import Rows
 from .features import make_features
 from .head_data import aux_layer_ids, check_layers
-from .head_init import init_from_target
+from .head_init import head_config, init_from_target
 from .memory import ANSWER_CONTEXT, ANSWER_SLOTS, check_memory
 from .pipeline import Log, check_paths, load_target, publish, read_texts, run_key
 from .plan import Plan, Rates, describe, make_plan, parse_budget, parse_data_budget
-from .probe import autocast, choose, train_rates
+from .probe import autocast, measure
 from .prompts import (DOCSTRINGS, HELDOUT, SHIPPED, TEXT, Prompt, docstring_texts, interleave,
                       read_prompt_file, shipped, text_prompts, user_turn_opening)
 from .train import train
@@ -90,27 +90,6 @@ def distill_head(config: DistillConfig) -> dict:
         raise
 
 
-def head_config(cfg, draft_vocab: int, layer_ids: list[int]) -> Eagle3Config:
-    """An EAGLE-3 head shaped like one of the target's layers (SafeAILab's config.json: the
-    target's sizes and activation, one layer), over a draft vocabulary of `draft_vocab`."""
-    hidden, heads = int(cfg.hidden_size), int(cfg.num_attention_heads)
-    rope = dict(getattr(cfg, "rope_parameters", None) or {})
-    theta = float(rope.pop("rope_theta", getattr(cfg, "rope_theta", None) or 10000.0))
-    static = rope.get("rope_type", "default") in ("linear", "llama3", "yarn")
-    act = getattr(cfg, "hidden_activation", None) or getattr(cfg, "hidden_act", None) or "silu"
-    return Eagle3Config(
-        hidden_size=hidden, intermediate_size=int(getattr(cfg, "intermediate_size", None)
-                                                  or 4 * hidden),
-        num_attention_heads=heads,
-        num_key_value_heads=int(getattr(cfg, "num_key_value_heads", None) or heads),
-        head_dim=int(getattr(cfg, "head_dim", None) or hidden // heads),
-        rms_norm_eps=float(getattr(cfg, "rms_norm_eps", None) or 1e-6), rope_theta=theta,
-        rope_scaling=rope if static else None,
-        max_position_embeddings=int(getattr(cfg, "max_position_embeddings", None) or 2048),
-        vocab_size=int(cfg.vocab_size), draft_vocab_size=draft_vocab,
-        aux_layer_ids=tuple(layer_ids), target_hidden_size=hidden, hidden_act=str(act))
-
-
 def _distill_head(config: DistillConfig, preset: Preset, target, tokenizer,
                   user: list[Prompt] | None, texts: list[str], layer_ids: list[int],
                   cache: AnswerCache, budget_s: float | None, data_budget, out: Path,
@@ -158,8 +137,8 @@ def _distill_head(config: DistillConfig, preset: Preset, target, tokenizer,
                                         log.bar("features"))
     held = Corpus(cache, {HELDOUT}, False, width, preset.max_prompt + new_tokens)
 
-    rates = _rates(cache, wrote, f_tokens, f_seconds, held, target, layer_ids, preset, device,
-                   chat and user is None, budget_s is not None)
+    rates = measure(cache, wrote, f_tokens, f_seconds, held, target, layer_ids, preset, device,
+                    SELF_SHARE if chat and user is None else 0.0, budget_s is not None)
     plan = _plan(config, preset, budget_s, cache, rates, data_budget[1], work, log)
     sources = _train_prompts(config, user, texts, chat)
     if chat and user is None:
@@ -263,7 +242,11 @@ def _distill_head(config: DistillConfig, preset: Preset, target, tokenizer,
     del target
     if config.check:
         log.stage("the pair's worth: export target + head and measure c")
-        card["worth"] = _worth(config, head_dir, tokenizer, corpus, held, log)
+        try:
+            card["worth"] = _worth(config, head_dir, tokenizer, corpus, held, context, log)
+        except SsdError as exc:      # the head is made: say why it was not measured, keep it
+            card["worth"] = {"note": f"the export failed: {exc}"}
+            log.line(f"the pair's worth was not measured: {exc}")
     card["peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
     card["total_seconds"] = round(time.monotonic() - log.t0, 1)
     (head_dir / "distill.json").write_text(json.dumps(card, indent=2) + "\n")
@@ -285,35 +268,6 @@ def _train_prompts(config: DistillConfig, user: list[Prompt] | None, texts: list
     if texts:
         groups.append(text_prompts(texts, TEXT, chat, config.seed))
     return groups
-
-
-def _rates(cache: AnswerCache, wrote: ans.Written, f_tokens: int, f_seconds: float,
-           held: Corpus, target, layer_ids: list[int], preset: Preset, device,
-           questions: bool, planned: bool) -> Rates:
-    """This machine's rates: measured now where this run did the work, else those the cache
-    recorded when it did; training timed on a few steps of a throwaway head."""
-    seen = cache.manifest.get("rates", {})
-    answer = wrote.positions / wrote.seconds if wrote.seconds > 5 else seen.get("answer")
-    feature = f_tokens / f_seconds if f_seconds > 5 else seen.get("feature")
-    vocab = int(target.config.vocab_size)
-    head = Eagle3Head(head_config(target.config, min(8192, vocab), layer_ids),
-                      embed_weight=target.get_input_embeddings().weight).to(device)
-    per_precision = train_rates(head, held, vocab, preset.batch, preset.ttt_steps, device)
-    # a fixed-count run trains float32 on a CPU: the same weights whatever the timing said
-    precision = choose(per_precision, device) if planned or device.type == "cuda" \
-        else "float32"
-    tokens = int((held.rows[:, 2] + held.rows[:, 3]).sum())
-    per_answer = held.positions / max(len(held), 1)
-    rates = Rates(answer=answer or 0.0, feature=feature or 0.0,
-                  train=per_precision[precision], precision=precision,
-                  tokens_per_position=tokens / max(held.positions, 1),
-                  positions_per_answer=per_answer,
-                  questions_per_position=SELF_SHARE * ans.SELF_TOKENS / 2 / per_answer
-                  if questions else 0.0)
-    if wrote.seconds > 5 or f_seconds > 5:
-        cache.manifest["rates"] = {"answer": rates.answer, "feature": rates.feature}
-        cache.write_json(cache.root / "cache.json", cache.manifest)
-    return rates
 
 
 def _plan(config: DistillConfig, preset: Preset, budget_s: float | None, cache: AnswerCache,
@@ -375,7 +329,7 @@ def _inter(target) -> int:
 
 
 def _worth(config: DistillConfig, head_dir: Path, tokenizer, corpus: Corpus, held: Corpus,
-           log: Log) -> dict:
+           context: int, log: Log) -> dict:
     """Export target + head as ssd-export would and read the pair's worth it measures: the
     deployed graphs' agreement on the held-out answers, the cost c of a drafted token, the
     predicted speed-up. The export's calibration text holds out its last tenth: the held-out
@@ -396,7 +350,7 @@ def _worth(config: DistillConfig, head_dir: Path, tokenizer, corpus: Corpus, hel
         manifest = export_bundle(ExportConfig(target=config.target, draft=str(head_dir),
                                               output=bundle, force=keep, quiet=True,
                                               max_batch=16 if keep else 1,
-                                              max_context=ANSWER_CONTEXT, calib=str(calib)))
+                                              max_context=context, calib=str(calib)))
         worth = dict(manifest.pair_worth or {})
         if keep:
             worth["bundle"] = str(bundle)

@@ -16,7 +16,30 @@ from __future__ import annotations
 
 import torch
 
+from ssd_graphs.eagle3 import Eagle3Config
+
 from .features import decoder_layers
+
+
+def head_config(cfg, draft_vocab: int, layer_ids: list[int]) -> Eagle3Config:
+    """An EAGLE-3 head shaped like one of the target's layers (SafeAILab's config.json: the
+    target's sizes and activation, one layer), over a draft vocabulary of `draft_vocab`."""
+    hidden, heads = int(cfg.hidden_size), int(cfg.num_attention_heads)
+    rope = dict(getattr(cfg, "rope_parameters", None) or {})
+    theta = float(rope.pop("rope_theta", getattr(cfg, "rope_theta", None) or 10000.0))
+    static = rope.get("rope_type", "default") in ("linear", "llama3", "yarn")
+    act = getattr(cfg, "hidden_activation", None) or getattr(cfg, "hidden_act", None) or "silu"
+    return Eagle3Config(
+        hidden_size=hidden, intermediate_size=int(getattr(cfg, "intermediate_size", None)
+                                                  or 4 * hidden),
+        num_attention_heads=heads,
+        num_key_value_heads=int(getattr(cfg, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(cfg, "head_dim", None) or hidden // heads),
+        rms_norm_eps=float(getattr(cfg, "rms_norm_eps", None) or 1e-6), rope_theta=theta,
+        rope_scaling=rope if static else None,
+        max_position_embeddings=int(getattr(cfg, "max_position_embeddings", None) or 2048),
+        vocab_size=int(cfg.vocab_size), draft_vocab_size=draft_vocab,
+        aux_layer_ids=tuple(layer_ids), target_hidden_size=hidden, hidden_act=str(act))
 
 
 @torch.no_grad()

@@ -115,11 +115,30 @@ def text_prompts(texts: list[str], source: str, chat: bool, seed: int) -> list[P
 
 
 def docstring_texts() -> list[str]:
-    """The standard library's docstrings (the exporter's default calibration text): the same
-    English prose on every machine with the same Python."""
-    from ssd_export.qtarget import default_texts
+    """The docstrings of the standard library's modules, classes and functions, read from its
+    source files with `ast` (nothing imported): English prose about code, the same on every
+    machine with the same Python, a few thousand passages."""
+    import ast
+    import sysconfig
 
-    return default_texts()
+    root = Path(sysconfig.get_paths()["stdlib"])
+    texts, seen = [], set()
+    for path in sorted(root.rglob("*.py")):
+        if any(part in ("test", "tests", "idlelib", "site-packages", "lib2to3")
+               for part in path.relative_to(root).parts):
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                 ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc and len(doc) > PASSAGE_CHARS[0] and doc not in seen:
+                    seen.add(doc)
+                    texts.append(doc)
+    return texts
 
 
 def user_turn_opening(tokenizer: Any) -> str | None:

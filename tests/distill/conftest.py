@@ -12,18 +12,19 @@ import export_cache  # noqa: E402
 
 @pytest.fixture(scope="session")
 def answers_bundle(tmp_path_factory):
-    """export(target folder) -> the bundle ssd-distill --kind head exports to write its answers
-    (answers.answer_bundle's ExportConfig), from the tests' export cache."""
+    """export(target folder, quant) -> the bundle ssd-distill --kind head exports to write its
+    answers (answers.answer_bundle's ExportConfig), from the tests' export cache."""
     from ssd_export import ExportConfig
 
-    made: dict[str, Path] = {}
+    made: dict[tuple[str, str], Path] = {}
 
-    def export(target: Path) -> Path:
-        if str(target) not in made:
+    def export(target: Path, quant: str = "none") -> Path:
+        if (str(target), quant) not in made:
             out = tmp_path_factory.mktemp("answers-bundle") / "b"
             export_cache.bundle(ExportConfig(target=str(target), draft=str(target), output=out,
-                                             max_context=256, max_batch=16, quiet=True), out)
-            made[str(target)] = out
-        return made[str(target)]
+                                             max_context=256, max_batch=16, quiet=True,
+                                             quant=quant), out)
+            made[str(target), quant] = out
+        return made[str(target), quant]
 
     return export

@@ -375,3 +375,68 @@ def test_mixed_precision_training_steps_match_float32(chat_target):
     (l32, g32), (l16, g16) = grads["float32"], grads["bfloat16"]
     assert abs(l16 - l32) < 0.02 * l32, (l32, l16)
     assert torch.nn.functional.cosine_similarity(g32, g16, dim=0) > 0.95
+
+
+def test_a_quantized_targets_answers_are_labelled_by_the_float_prefill(
+        chat_target, answers_bundle, tmp_path):
+    """An int8 target writes the answers; their labels are then the float target's, made by
+    the prefill running the whole model (its log-probabilities would be the int8 model's)."""
+    from transformers import AutoModelForCausalLM
+
+    from ssd_distill.cache import AnswerCache, target_identity
+
+    out = tmp_path / "h"
+    proc = head_cli(chat_target, out, "--steps", 2, "--answers-bundle",
+                    answers_bundle(chat_target, "int8"))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((out / "distill.json").read_text())["data"]["labels"] == "prefill"
+    cache = AnswerCache(tmp_path / "h.answers", target_identity(str(chat_target)))
+    name = cache.parts()[1]
+    part = cache.read(name)
+    assert part.top_ids is None                        # not the int8 model's
+    with np.load(cache.labels_path(name)) as z:
+        top_ids, top_logp = z["top_ids"], z["top_logp"]
+    target = AutoModelForCausalLM.from_pretrained(chat_target).eval()
+    pl, al = int(part.prompt_len[0]), int(part.answer_len[0])
+    ids = torch.from_numpy(part.ids[:pl + al].astype(np.int64))[None]
+    with torch.no_grad():
+        logp = torch.log_softmax(target(ids).logits[0].float(), -1)[pl - 1:pl - 1 + al]
+    assert torch.equal(torch.from_numpy(top_ids[:al, 0]).long(), logp.argmax(-1))
+    assert torch.allclose(logp.gather(1, torch.from_numpy(top_ids[:al]).long()),
+                          torch.from_numpy(top_logp[:al]).float(), atol=2e-2)
+
+
+def test_the_corpus_lines_up_ids_labels_and_features(tmp_path):
+    """Rows read back from a cache part: label j of an answer sits at the position before its
+    token j (its top-1 here is that token), features row by row, a long prompt cut from its
+    start, and the held-out source split off."""
+    from ssd_distill.cache import AnswerCache, Part
+    from ssd_distill.corpus import Corpus
+
+    cache = AnswerCache(tmp_path / "c", {"name": "t", "digest": "0"})
+    cache.ensure()
+    prompts, answers = [[5, 6, 7], [8, 9, 10, 11, 12, 13]], [[20, 21], [30, 31, 32]]
+    ids = np.array([t for p, a in zip(prompts, answers) for t in p + a], np.int32)
+    tops = np.array([[t, 1] for a in answers for t in a], np.int32)
+    part = Part(np.array([3, 6], np.int32), np.array([2, 3], np.int32), ids, tops,
+                np.zeros((5, 2), np.float16),
+                [{"source": "shipped", "mode": "greedy", "key": "a", "stop": "eos"},
+                 {"source": "heldout", "mode": "greedy", "key": "b", "stop": "eos"}])
+    cache.write("part-000001", part)
+    width = 4
+    feats = np.repeat(np.arange(len(ids), dtype=np.float16)[:, None], width, 1)  # row = index
+    cache.write_bytes(cache.features_path("part-000001"), feats.tobytes())
+    train = Corpus(cache, {"heldout"}, True, width, max_len=64)
+    assert len(train) == 1 and train.positions == 2 and train.sources == {"shipped": [1, 2]}
+    rows = train.select(torch.tensor([0]))
+    assert rows.ids[0].tolist() == [5, 6, 7, 20, 21]
+    assert rows.mask[0].tolist() == [False, False, True, True, False]
+    assert rows.argmax[0, 2:4].tolist() == [20, 21]              # position 2 gives token 3
+    assert rows.features[0, :, 0].tolist() == [0, 1, 2, 3, 4]
+    held = Corpus(cache, {"heldout"}, False, width, max_len=5)    # 9 tokens: 4 cut
+    rows = held.select(torch.tensor([0]))
+    assert rows.ids[0].tolist() == [12, 13, 30, 31, 32]
+    assert rows.mask[0].tolist() == [False, True, True, True, False]
+    assert rows.argmax[0, 1:4].tolist() == [30, 31, 32]
+    assert rows.features[0, :, 0].tolist() == [9, 10, 11, 12, 13]
+    assert held.answer_tokens().tolist() == [30, 31, 32]
