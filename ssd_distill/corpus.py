@@ -13,6 +13,8 @@ import torch
 from .cache import AnswerCache
 from .data import Rows
 
+TRAIN_TOKENS = 2560      # a training batch's most tokens (rows times the longest): memory
+
 
 class Corpus:
     """The rows of the cache's parts whose source is in (or, `exclude`, not in) `sources`."""
@@ -61,9 +63,24 @@ class Corpus:
                                self.rows.tolist()]) if len(self.rows) else np.zeros(0, np.int32)
 
     def draw(self, gen: torch.Generator, n: int) -> Rows:
-        """n rows of similar length around a random one (little padding), in random order."""
+        """Up to n rows of similar length from a random place in length order (little
+        padding), as many as fit in TRAIN_TOKENS tokens (the unrolled steps' attention and
+        logits grow with a batch's rows times its length)."""
         first = int(torch.randint(0, max(1, len(self) - n + 1), (1,), generator=gen))
-        return self.select(torch.from_numpy(self.by_length[first:first + n]))
+        index = self.by_length[first:first + n]
+        return self.select(torch.from_numpy(index[:self.fits(index, n)]))
+
+    def fits(self, index: np.ndarray, n: int) -> int:
+        """How many of the rows at `index` (in length order) one batch takes."""
+        lengths = np.minimum(self.rows[index, 2] + self.rows[index, 3], self.max_len)
+        return max(1, min(n, TRAIN_TOKENS // max(1, int(lengths.max()))))
+
+    def steps(self, epochs: float, n: int) -> int:
+        """Optimizer steps for `epochs` passes when batches take up to n rows (fewer when long:
+        `fits`)."""
+        lengths = np.minimum(self.rows[:, 2] + self.rows[:, 3], self.max_len)
+        per_batch = np.clip(TRAIN_TOKENS // np.maximum(lengths, 1), 1, n)
+        return max(1, int(np.ceil(epochs * float((1.0 / per_batch).sum()))))
 
     def select(self, index: torch.Tensor) -> Rows:
         """The rows at `index` as right-padded Rows, cut to max_len (a long prompt's start)."""

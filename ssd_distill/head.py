@@ -12,6 +12,7 @@ which `--resume` continues; the head folder appears at OUTPUT only when complete
 """
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -47,6 +48,7 @@ from .train import train
 from .ttt import agreement, loss, to_device
 
 SELF_SHARE = 1 / 3       # of a chat model's answers, to its own questions (Magpie)
+CHECK_S = 180.0          # kept in a budget for the pair's worth (an export of target + head)
 LADDER = (1024, 2048, 4096, 8192, 16384, 32768, 65536)   # draft vocabulary sizes tried
 
 
@@ -80,9 +82,11 @@ def distill_head(config: DistillConfig) -> dict:
     if not config.resume:
         work.mkdir(parents=True)
         (work / "run.json").write_text(json.dumps(run_key(config), indent=2))
+    held = [target]          # handed over, so that the pair's worth runs without it in memory
+    del target
     try:
         cache.ensure()
-        return _distill_head(config, preset, target, tokenizer, user, texts, layer_ids, cache,
+        return _distill_head(config, preset, held, tokenizer, user, texts, layer_ids, cache,
                              budget_s, data_budget, out, work, log)
     except ConfigError:      # a refusal after the start: nothing of this run is kept but
         if not config.resume:    # the cache's complete parts
@@ -90,10 +94,11 @@ def distill_head(config: DistillConfig) -> dict:
         raise
 
 
-def _distill_head(config: DistillConfig, preset: Preset, target, tokenizer,
+def _distill_head(config: DistillConfig, preset: Preset, models: list, tokenizer,
                   user: list[Prompt] | None, texts: list[str], layer_ids: list[int],
                   cache: AnswerCache, budget_s: float | None, data_budget, out: Path,
                   work: Path, log: Log) -> dict:
+    target = models.pop()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     vocab, hidden = int(target.config.vocab_size), int(target.config.hidden_size)
     width = len(layer_ids) * hidden
@@ -155,7 +160,8 @@ def _distill_head(config: DistillConfig, preset: Preset, target, tokenizer,
                                     train_plan, {HELDOUT}, True, bpt, log.bar("answers"))
     if wrote_train.stopped:
         log.line(f"stopped writing answers: {wrote_train.stopped}")
-    del gen
+    del gen                  # the answering bundle's sessions: training does not need them
+    gc.collect()
     log.stage("their features")
     make_features(target, cache, layer_ids, not runtime_labels, log.bar("features"))
     corpus = Corpus(cache, {HELDOUT}, True, width, preset.max_prompt + new_tokens)
@@ -176,7 +182,8 @@ def _distill_head(config: DistillConfig, preset: Preset, target, tokenizer,
     before = _agreement(head, held, preset, device)
     epochs = plan.epochs if preset.steps is None else preset.epochs
     left = (budget_s - (time.monotonic() - log.t0)) if budget_s else preset.train_budget_s
-    run = replace(preset, epochs=epochs, train_budget_s=max(60.0, left * 0.97))
+    run = replace(preset, epochs=epochs, train_budget_s=max(60.0, left * 0.97),
+                  steps=preset.steps or corpus.steps(epochs, preset.batch))
     log.stage(f"train {run.ttt_steps} unrolled steps on {device} ({plan.precision}): "
               f"{corpus.positions:,} positions, {epochs:g} epoch(s)")
     params = [p for p in head.parameters() if p.requires_grad]
@@ -239,7 +246,8 @@ def _distill_head(config: DistillConfig, preset: Preset, target, tokenizer,
         "command": "ssd-distill " + " ".join(sys.argv[1:]) if sys.argv[0].endswith(
             "ssd-distill") else None,
     }
-    del target
+    del target               # the export loads its own copy
+    gc.collect()
     if config.check:
         log.stage("the pair's worth: export target + head and measure c")
         try:
@@ -295,7 +303,8 @@ def _plan(config: DistillConfig, preset: Preset, budget_s: float | None, cache: 
         unfeatured = sum(cache.read(n).tokens for n in cache.parts()
                          if not cache.features_path(n).exists())
         plan = make_plan(budget_s, time.monotonic() - log.t0, rates, held_positions,
-                         unfeatured, config.epochs, most_positions)
+                         unfeatured, config.epochs, most_positions,
+                         CHECK_S if config.check else 0.0)
         log.stage("the plan")
         for line in describe(plan, rates, time.monotonic() - log.t0):
             log.line(line)

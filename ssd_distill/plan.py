@@ -89,10 +89,11 @@ def parse_data_budget(text: str) -> tuple[int | None, int | None]:
 
 
 def make_plan(budget_s: float, elapsed_s: float, rates: Rates, held_positions: int,
-              held_unfeatured_tokens: int, epochs: float | None, most_positions: int | None
-              ) -> Plan:
-    """The answers to hold, the epochs, and each stage's expected time (module docstring)."""
-    left = budget_s * (1 - RESERVE) - elapsed_s
+              held_unfeatured_tokens: int, epochs: float | None, most_positions: int | None,
+              after_s: float = 0.0) -> Plan:
+    """The answers to hold, the epochs, and each stage's expected time (module docstring);
+    `after_s` is kept for what follows training (the pair's worth: an export)."""
+    left = budget_s * (1 - RESERVE) - elapsed_s - after_s
     feature_cost = rates.tokens_per_position / rates.feature
     fixed = held_unfeatured_tokens / rates.feature
     passes = EPOCHS if epochs is None else epochs
