@@ -57,10 +57,12 @@ class Corpus:
     def positions(self) -> int:
         return int(self.rows[:, 3].sum()) if len(self.rows) else 0
 
-    def answer_tokens(self) -> np.ndarray:
-        """Every answer token of the rows (what the draft vocabulary must cover)."""
-        return np.concatenate([self.ids[p][s + pl:s + pl + al] for p, s, pl, al, _ in
-                               self.rows.tolist()]) if len(self.rows) else np.zeros(0, np.int32)
+    def answer_tokens(self, parity: int | None = None) -> np.ndarray:
+        """Every answer token of the rows (what the draft vocabulary must cover); with
+        `parity` 0 or 1, of the even or odd rows only."""
+        rows = self.rows.tolist() if parity is None else self.rows[parity::2].tolist()
+        return np.concatenate([self.ids[p][s + pl:s + pl + al] for p, s, pl, al, _ in rows]) \
+            if rows else np.zeros(0, np.int32)
 
     def draw(self, gen: torch.Generator, n: int) -> Rows:
         """Up to n rows of similar length from a random place in length order (little
@@ -107,20 +109,26 @@ class Corpus:
         return rows
 
 
-def draft_vocabulary(tokens: np.ndarray, vocab: int, size: int | None, coverage: float,
+def draft_vocabulary(corpus: Corpus, vocab: int, size: int | None, coverage: float,
                      ladder: tuple[int, ...]) -> tuple[list[int], torch.Tensor, torch.Tensor, float]:
-    """The draft vocabulary: the `size` tokens the target writes most often (ties: the lower
-    id), or, with size None, the smallest rung of `ladder` whose tokens make up `coverage` of
-    the answers (the whole vocabulary if none does). Sorted by id, with d2t[d] = target id - d
-    (EAGLE-3's and vLLM speculators' layout) and t2d a mask over the target's vocabulary;
-    returns (ids, d2t, t2d, the share of answer tokens covered)."""
-    counts = np.bincount(tokens, minlength=vocab).astype(np.float64)
-    order = np.argsort(-counts, kind="stable")
-    share = np.cumsum(counts[order]) / max(counts.sum(), 1)
+    """The draft vocabulary: the `size` tokens the target writes most often in the corpus'
+    answers (ties: the lower id), or, with size None, the smallest rung of `ladder` whose
+    tokens, counted on the even rows, make up `coverage` of the odd rows' answer tokens —
+    coverage of answers not counted, as the held-out ones and the runtime's will be (the
+    whole vocabulary if no rung does). Sorted by id, with d2t[d] = target id - d (EAGLE-3's
+    and vLLM speculators' layout) and t2d a mask over the target's vocabulary; returns (ids,
+    d2t, t2d, the share of the odd rows' answer tokens the rung's counting covers)."""
+    fit, check = corpus.answer_tokens(0), corpus.answer_tokens(1)
+    if len(check) == 0:
+        fit = check = corpus.answer_tokens()
+    held = np.bincount(check, minlength=vocab)
+    order = np.argsort(-np.bincount(fit, minlength=vocab), kind="stable")
+    share = np.cumsum(held[order]) / max(held.sum(), 1)
     if size is None:
         size = next((n for n in ladder if n < vocab and share[n - 1] >= coverage), vocab)
     size = min(size, vocab)
-    ids = sorted(order[:size].tolist())
+    counts = np.bincount(corpus.answer_tokens(), minlength=vocab)
+    ids = sorted(np.argsort(-counts, kind="stable")[:size].tolist())
     ids_t = torch.tensor(ids)
     d2t = ids_t - torch.arange(len(ids))                                   # (Vd,) int64
     t2d = torch.zeros(vocab, dtype=torch.bool)

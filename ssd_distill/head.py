@@ -172,11 +172,12 @@ def _distill_head(config: DistillConfig, preset: Preset, models: list, tokenizer
                           f"--data-budget.")
 
     log.stage("the draft vocabulary")
-    ids, d2t, t2d, covered = draft_vocabulary(corpus.answer_tokens(), vocab, preset.head_tokens,
+    ids, d2t, t2d, covered = draft_vocabulary(corpus, vocab, preset.head_tokens,
                                               preset.coverage, LADDER)
     lm_share = len(ids) / (len(ids) + 3 * hidden + 4 * hidden + 3 * _inter(target))
-    log.line(f"{len(ids):,} of {vocab:,} tokens make up {covered:.1%} of the target's answer "
-             f"tokens; the LM head over them is {lm_share:.0%} of a drafted token's weights")
+    log.line(f"{len(ids):,} of {vocab:,} tokens, counted on half the answers, make up "
+             f"{covered:.1%} of the other half's tokens; the LM head over them is "
+             f"{lm_share:.0%} of a drafted token's weights")
 
     head = _head(config, target, ids, d2t, t2d, layer_ids, device, log)
     before = _agreement(head, held, preset, device)
@@ -302,8 +303,10 @@ def _plan(config: DistillConfig, preset: Preset, budget_s: float | None, cache: 
                               "instead of --budget.")
         unfeatured = sum(cache.read(n).tokens for n in cache.parts()
                          if not cache.features_path(n).exists())
+        heldout = per_source.get(HELDOUT, (0, 0))[1]      # --data-budget bounds them all
+        most = None if most_positions is None else max(0, most_positions - heldout)
         plan = make_plan(budget_s, time.monotonic() - log.t0, rates, held_positions,
-                         unfeatured, config.epochs, most_positions,
+                         unfeatured, config.epochs, most,
                          CHECK_S if config.check else 0.0)
         log.stage("the plan")
         for line in describe(plan, rates, time.monotonic() - log.t0):

@@ -176,16 +176,42 @@ def test_the_head_starts_as_the_target_without_two_layers(chat_target):
     assert torch.allclose(got[0], want, atol=1e-4), (got[0] - want).abs().max()
 
 
-def test_draft_vocabulary_by_coverage_in_speculators_layout():
-    from ssd_distill.corpus import draft_vocabulary
+def _cache_of(folder: Path, answers: list[list[int]], width: int = 4):
+    """A cache holding one part: a one-token prompt and `answers` each (labels: the token)."""
+    from ssd_distill.cache import AnswerCache, Part
 
-    tokens = np.array([5] * 50 + [7] * 30 + [2] * 15 + list(range(20, 25)))   # 100 tokens
-    ids, d2t, t2d, covered = draft_vocabulary(tokens, 64, None, 0.95, (2, 3, 8))
-    assert ids == [2, 5, 7] and covered == 0.95                 # the smallest rung that covers
+    cache = AnswerCache(folder, {"name": "t", "digest": "0"})
+    cache.ensure()
+    ids = np.array([t for a in answers for t in [1] + a], np.int32)
+    tops = np.array([[t, 1] for a in answers for t in a], np.int32)
+    meta = [{"source": "shipped", "mode": "greedy", "key": str(i), "stop": "eos"}
+            for i in range(len(answers))]
+    cache.write("part-000001", Part(np.ones(len(answers), np.int32),
+                                    np.array([len(a) for a in answers], np.int32), ids, tops,
+                                    np.zeros((len(tops), 2), np.float16), meta))
+    cache.write_bytes(cache.features_path("part-000001"),
+                      np.zeros((len(ids), width), np.float16).tobytes())
+    return cache
+
+
+def test_draft_vocabulary_by_coverage_in_speculators_layout(tmp_path):
+    """The smallest rung whose tokens, counted on half the answers, cover the other half;
+    d2t and t2d as EAGLE-3 and vLLM speculators lay them out."""
+    from ssd_distill.corpus import Corpus, draft_vocabulary
+
+    common = [5] * 10 + [7] * 6 + [2] * 3
+    answers = [common + [20 + i] for i in range(10)]     # a rare token of its own each
+    corpus = Corpus(_cache_of(tmp_path / "c", answers), {"heldout"}, True, 4, 64)
+    ids, d2t, t2d, covered = draft_vocabulary(corpus, 64, None, 0.95, (2, 3, 8))
+    assert ids == [2, 5, 7] and covered == 0.95                # 19 of each 20 tokens
     assert torch.equal(torch.arange(3) + d2t, torch.tensor(ids))        # target = draft + d2t
     assert t2d.sum() == 3 and bool(t2d[7]) and not bool(t2d[6])
-    ids, _, _, covered = draft_vocabulary(tokens, 64, 2, 0.95, (2, 3, 8))   # a size given
+    ids, _, _, covered = draft_vocabulary(corpus, 64, 2, 0.95, (2, 3, 8))   # a size given
     assert ids == [5, 7] and covered == 0.8
+    # 8 tokens counted on the even rows cover all of them, but the odd rows' rare tokens are
+    # not among them: 96% is out of reach of every rung, so the whole vocabulary
+    ids, _, _, _ = draft_vocabulary(corpus, 64, None, 0.96, (2, 3, 8))
+    assert len(ids) == 64
 
 
 def test_budgets_parse_and_plans_fill_them():
