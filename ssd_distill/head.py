@@ -48,6 +48,7 @@ from .train import train
 from .ttt import agreement, loss, to_device
 
 SELF_SHARE = 1 / 3       # of a chat model's answers, to its own questions (Magpie)
+MEASURE_S = 30.0         # seconds of answering (and of prefill) that measure a rate
 CHECK_S = 180.0          # kept in a budget for the pair's worth (an export of target + head)
 LADDER = (1024, 2048, 4096, 8192, 16384, 32768, 65536)   # draft vocabulary sizes tried
 
@@ -142,10 +143,21 @@ def _distill_head(config: DistillConfig, preset: Preset, models: list, tokenizer
                                         log.bar("features"))
     held = Corpus(cache, {HELDOUT}, False, width, preset.max_prompt + new_tokens)
 
+    sources = _train_prompts(config, user, texts, chat)
+    if budget_s is not None and not config.resume and min(wrote.seconds, f_seconds) < MEASURE_S:
+        log.stage("a first part of answers and features: the held-out ones were cached, and "
+                  "this machine's rates are measured now")
+        _, per_source = cache.known()
+        have = sum(a for s, (a, _) in per_source.items() if s != HELDOUT)
+        first = replace(settings, answers=have + preset.part_size)
+        wrote = ans.write_answers(gen, cache, ans.queue(interleave(sources, config.seed),
+                                                        tokenizer, first, config.seed),
+                                  first, {HELDOUT}, True, bpt, log.bar("answers"))
+        f_tokens, f_seconds = make_features(target, cache, layer_ids, not runtime_labels,
+                                            log.bar("features"))
     rates = measure(cache, wrote, f_tokens, f_seconds, held, target, layer_ids, preset, device,
                     SELF_SHARE if chat and user is None else 0.0, budget_s is not None)
     plan = _plan(config, preset, budget_s, cache, rates, data_budget[1], work, log)
-    sources = _train_prompts(config, user, texts, chat)
     if chat and user is None:
         log.stage("the model's own questions (Magpie)")
         questions = ans.self_questions(gen, tokenizer, cache, math.ceil(plan.answers * SELF_SHARE),

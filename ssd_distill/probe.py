@@ -68,8 +68,8 @@ def measure(cache: AnswerCache, wrote: Written, f_tokens: int, f_seconds: float,
     """This machine's rates: measured now where this run did the work, else those the cache
     recorded when it did; training timed on a few steps of a throwaway head."""
     seen = cache.manifest.get("rates", {})
-    answer = wrote.positions / wrote.seconds if wrote.seconds > 5 else seen.get("answer")
-    feature = f_tokens / f_seconds if f_seconds > 5 else seen.get("feature")
+    answer = wrote.positions / wrote.seconds if wrote.seconds > 0 else seen.get("answer")
+    feature = f_tokens / f_seconds if f_seconds > 0 else seen.get("feature")
     vocab = int(target.config.vocab_size)
     head = Eagle3Head(head_config(target.config, min(8192, vocab), layer_ids),
                       embed_weight=target.get_input_embeddings().weight).to(device)
@@ -84,7 +84,7 @@ def measure(cache: AnswerCache, wrote: Written, f_tokens: int, f_seconds: float,
                   tokens_per_position=tokens / max(held.positions, 1),
                   positions_per_answer=per_answer,
                   questions_per_position=self_share * SELF_TOKENS / 2 / per_answer)
-    if wrote.seconds > 5 or f_seconds > 5:
+    if wrote.seconds > 0 and f_seconds > 0:
         cache.manifest["rates"] = {"answer": rates.answer, "feature": rates.feature}
         cache.write_json(cache.root / "cache.json", cache.manifest)
     return rates

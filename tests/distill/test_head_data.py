@@ -466,3 +466,27 @@ def test_the_corpus_lines_up_ids_labels_and_features(tmp_path):
     assert rows.argmax[0, 1:4].tolist() == [30, 31, 32]
     assert rows.features[0, :, 0].tolist() == [9, 10, 11, 12, 13]
     assert held.answer_tokens().tolist() == [30, 31, 32]
+
+
+def test_a_budget_is_planned_from_measured_rates_and_printed(chat_target, answer_bundle,
+                                                              tmp_path):
+    """--budget: the held-out answers and features measure the machine, a few steps the
+    training; the plan is printed before the answers, and --data-budget caps it."""
+    out = tmp_path / "h"
+    proc = run("ssd_distill.cli", "--kind", "head", "--target", chat_target, "--output", out,
+               "--preset", "quick", "--threads", "1", "--draft-vocab", DRAFT_VOCAB,
+               "--no-check", "--answers-bundle", answer_bundle, "--budget", "5m",
+               "--data-budget", "600")
+    assert proc.returncode == 0, proc.stderr
+    err = proc.stderr
+    assert "measured here: answers" in err and "plan for 5m00s:" in err
+    assert err.index("plan for 5m00s") < err.index("the target answers")
+    card = json.loads((out / "distill.json").read_text())
+    plan, rates = card["plan"], card["rates"]
+    assert plan["epochs"] == 2 and "--data-budget" in plan["note"]
+    assert rates["answer"] > 0 and rates["feature"] > 0 and rates["train"] > 0
+    assert plan["precision"] == rates["precision"] in ("float32", "bfloat16")
+    d = card["data"]
+    total = d["positions"] + sum(v["positions"] for v in d["heldout_sources"].values())
+    assert total <= 600 + 8 * 24
+    assert card["total_seconds"] < 300
