@@ -16,10 +16,10 @@ import torch
 
 from .answers import TOP
 from .cache import AnswerCache, Part
+from .head_data import F16_MAX       # features are stored as float16
 from .memory import PREFILL_TOKENS    # padded tokens per prefill call
 from .student import head_logits
 
-F16_MAX = 65504.0        # features are stored as float16 (head_data.F16_MAX)
 Progress = Callable[[int, int, str], None]
 
 
