@@ -115,9 +115,10 @@ def draft_vocabulary(corpus: Corpus, vocab: int, size: int | None, coverage: flo
     answers (ties: the lower id), or, with size None, the smallest rung of `ladder` whose
     tokens, counted on the even rows, make up `coverage` of the odd rows' answer tokens —
     coverage of answers not counted, as the held-out ones and the runtime's will be (the
-    whole vocabulary if no rung does). Sorted by id, with d2t[d] = target id - d (EAGLE-3's
-    and vLLM speculators' layout) and t2d a mask over the target's vocabulary; returns (ids,
-    d2t, t2d, the share of the odd rows' answer tokens the rung's counting covers)."""
+    last rung if none does: the ladder ends at the most the head may cost). Sorted by id,
+    with d2t[d] = target id - d (EAGLE-3's and vLLM speculators' layout) and t2d a mask over
+    the target's vocabulary; returns (ids, d2t, t2d, the share of the odd rows' answer tokens
+    the rung's counting covers)."""
     fit, check = corpus.answer_tokens(0), corpus.answer_tokens(1)
     if len(check) == 0:
         fit = check = corpus.answer_tokens()
@@ -125,7 +126,7 @@ def draft_vocabulary(corpus: Corpus, vocab: int, size: int | None, coverage: flo
     order = np.argsort(-np.bincount(fit, minlength=vocab), kind="stable")
     share = np.cumsum(held[order]) / max(held.sum(), 1)
     if size is None:
-        size = next((n for n in ladder if n < vocab and share[n - 1] >= coverage), vocab)
+        size = next((n for n in ladder if share[min(n, vocab) - 1] >= coverage), ladder[-1])
     size = min(size, vocab)
     counts = np.bincount(corpus.answer_tokens(), minlength=vocab)
     ids = sorted(np.argsort(-counts, kind="stable")[:size].tolist())

@@ -51,6 +51,7 @@ SELF_SHARE = 1 / 3       # of a chat model's answers, to its own questions (Magp
 MEASURE_S = 30.0         # seconds of answering (and of prefill) that measure a rate
 CHECK_S = 180.0          # kept in a budget for the pair's worth (an export of target + head)
 LADDER = (1024, 2048, 4096, 8192, 16384, 32768, 65536)   # draft vocabulary sizes tried
+MAX_LM_SHARE = 0.5       # of a drafted token's weights, the draft vocabulary's LM head at most
 
 
 def distill_head(config: DistillConfig) -> dict:
@@ -184,9 +185,12 @@ def _distill_head(config: DistillConfig, preset: Preset, models: list, tokenizer
                           f"--data-budget.")
 
     log.stage("the draft vocabulary")
+    layer = 3 * hidden + 4 * hidden + 3 * _inter(target)   # a drafted token's layer weights
+    ladder = tuple(n for n in LADDER if n < vocab and n / (n + layer) <= MAX_LM_SHARE) \
+        or (min(LADDER[0], vocab),)                  # by cost: the LM head at most half
     ids, d2t, t2d, covered = draft_vocabulary(corpus, vocab, preset.head_tokens,
-                                              preset.coverage, LADDER)
-    lm_share = len(ids) / (len(ids) + 3 * hidden + 4 * hidden + 3 * _inter(target))
+                                              preset.coverage, ladder)
+    lm_share = len(ids) / (len(ids) + layer)
     log.line(f"{len(ids):,} of {vocab:,} tokens, counted on half the answers, make up "
              f"{covered:.1%} of the other half's tokens; the LM head over them is "
              f"{lm_share:.0%} of a drafted token's weights")

@@ -209,9 +209,9 @@ def test_draft_vocabulary_by_coverage_in_speculators_layout(tmp_path):
     ids, _, _, covered = draft_vocabulary(corpus, 64, 2, 0.95, (2, 3, 8))   # a size given
     assert ids == [5, 7] and covered == 0.8
     # 8 tokens counted on the even rows cover all of them, but the odd rows' rare tokens are
-    # not among them: 96% is out of reach of every rung, so the whole vocabulary
-    ids, _, _, _ = draft_vocabulary(corpus, 64, None, 0.96, (2, 3, 8))
-    assert len(ids) == 64
+    # not among them: 96% is out of reach of every rung, so the last (the dearest allowed)
+    ids, _, _, covered = draft_vocabulary(corpus, 64, None, 0.96, (2, 3, 8))
+    assert len(ids) == 8 and covered == 0.95
 
 
 def test_budgets_parse_and_plans_fill_them():
