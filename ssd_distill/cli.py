@@ -34,7 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="text files of your domain, labelled by the target beside its answers")
     p.add_argument("--prompts", type=Path, default=None,
                    help="JSONL of {\"prompt\": ...} or {\"messages\": [...]} the target answers "
-                        "(default: the shipped 750 chat and code requests)")
+                        "(--kind head: or plain text, one prompt a line; default: the shipped "
+                        "750 chat and code requests, and for a head also requests about the "
+                        "standard library's docstrings and a chat model's own questions)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run")
     p.add_argument("--force", action="store_true",
@@ -56,9 +58,31 @@ def build_parser() -> argparse.ArgumentParser:
                    help="soft labels (kl), the target's argmax (top1), or half each (mix)")
     p.add_argument("--init", choices=get_args(Init), default="spread",
                    help="the draft's layers start as the target's first ones or spread evenly")
+    h = p.add_argument_group("--kind head: the target writes its own data (docs/distill.md §9)")
+    h.add_argument("--budget", default=None, metavar="TIME",
+                   help="the time to plan for (1h, 45m, 1h30m): answers, positions and epochs "
+                        "from rates measured at the start, printed before the work (default: "
+                        "the preset's, 1h; quick: fixed counts)")
+    h.add_argument("--answers", type=int, default=None, metavar="N",
+                   help="a fixed number of training answers instead of --budget's plan")
+    h.add_argument("--cache", type=Path, default=None, metavar="DIR",
+                   help="the answer cache: answers, labels and features, reused by later runs "
+                        "on the same target and refused for another (default: OUTPUT.answers)")
+    h.add_argument("--data-budget", default=None, metavar="SIZE",
+                   help="the cache's most bytes (2GB, 512MiB) or answer positions (500k)")
+    h.add_argument("--answers-bundle", type=Path, default=None, metavar="DIR",
+                   help="the bundle whose runtime writes the answers (default: the target "
+                        "exported into the cache once)")
+    h.add_argument("--answers-quant", choices=["none", "int8", "int4"], default="none",
+                   help="that export's target weights: none (default: the answers and their "
+                        "log-probabilities are the float target's own), or int8/int4 (faster "
+                        "decoding; the float target's prefill labels them)")
+    h.add_argument("--head-init", choices=["target", "random"], default="target",
+                   help="the head starts from the target's last layer, final norm and LM head "
+                        "(default), or as SafeAILab's (random)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bundle", type=Path, default=None,
-                   help="keep the report's export (target + new draft) as this bundle")
+                   help="keep the report's export (target + new draft or head) as this bundle")
     p.add_argument("--no-check", action="store_true",
                    help="skip the export and timing of the pair at the end")
     p.add_argument("--quiet", action="store_true")
@@ -75,7 +99,10 @@ def main(argv: list[str] | None = None) -> int:
                            resume=args.resume, force=args.force, quiet=args.quiet,
                            seed=args.seed, layers=args.layers, head_tokens=args.head_tokens,
                            loss=args.loss, init=args.init, bundle=args.bundle,
-                           check=not args.no_check)
+                           check=not args.no_check, budget=args.budget, answers=args.answers,
+                           cache=args.cache, data_budget=args.data_budget,
+                           answers_bundle=args.answers_bundle, answers_quant=args.answers_quant,
+                           head_init=args.head_init)
     try:
         if config.kind == "head":
             from .head import distill_head as distill

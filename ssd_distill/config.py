@@ -12,6 +12,9 @@ PresetName = Literal["quick", "default", "large"]
 Loss = Literal["mix", "kl", "top1"]     # soft labels, the target's argmax, or a mix of both
 Init = Literal["spread", "first"]       # which target layers the draft's layers start from
 Kind = Literal["draft", "head"]         # a small model of the target's class, or an EAGLE-3 head
+AnswersQuant = Literal["none", "int8", "int4"]   # --kind head: the answering bundle's weights
+HeadInit = Literal["target", "random"]  # the head starts from the target's last layer, or as
+                                        # SafeAILab's (PyTorch's defaults)
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,12 @@ class Preset:
     steps: int | None = None     # optimizer steps; None: as many as `epochs` take
     clip: float = 1.0            # gradient norm clipping
     ttt_steps: int = 1           # --kind head: drafting steps unrolled per position (§8)
+    # --kind head's cached answers (§9)
+    heldout_prompts: int = 48    # of the shipped held-out set (another source than training)
+    max_prompt: int = 512        # a prompt's most tokens (longer ones are skipped)
+    part_size: int = 64          # answers per cache part (one batched call of the runtime)
+    coverage: float = 0.95       # of the answers' tokens the draft vocabulary covers
+    budget: str | None = None    # the time a run plans for; None: the counts above
 
 
 # Sized for a 2-core CPU from the speeds at which a ~135M target answers prompts (batched,
@@ -66,16 +75,22 @@ PRESETS: dict[str, Preset] = {
 # and 4 unrolled steps (the runtime's k is rarely above 4 on CPU). `head_tokens` is the draft
 # vocabulary (d2t's length); `layers` is unused. More epochs over the same answers kept
 # raising the head's held-out agreement, the loss still falling (docs/distill.md §8).
+#
+# The answers come from the answer cache (§9): `prompts` is the number of answers when no
+# budget plans it, `new_tokens` an answer's most tokens; `head_tokens` None chooses the draft
+# vocabulary by `coverage`. default and large plan answers and epochs within their `budget`
+# (`--budget` overrides it); quick has fixed counts, for tests.
 HEAD_PRESETS: dict[str, Preset] = {
-    "quick": Preset(layers=1, prompts=24, new_tokens=24, text_tokens=2048, seq_len=96, batch=8,
+    "quick": Preset(layers=1, prompts=24, new_tokens=24, text_tokens=0, seq_len=96, batch=8,
                     epochs=8, lr=3e-3, head_tokens=None, generate_budget_s=120,
-                    train_budget_s=120, min_tokens=200, clip=0.5, ttt_steps=3),
-    "default": Preset(layers=1, prompts=400, new_tokens=128, text_tokens=65536, seq_len=320,
-                      batch=8, epochs=12, lr=1e-3, head_tokens=8192, generate_budget_s=1080,
-                      train_budget_s=2400, clip=0.5, ttt_steps=4),
-    "large": Preset(layers=1, prompts=2250, new_tokens=256, text_tokens=262144, seq_len=512,
-                    batch=8, epochs=4, lr=5e-4, head_tokens=16384, generate_budget_s=5400,
-                    train_budget_s=14400, clip=0.5, ttt_steps=7),
+                    train_budget_s=120, min_tokens=200, clip=0.5, ttt_steps=3,
+                    heldout_prompts=6, max_prompt=64, part_size=8),
+    "default": Preset(layers=1, prompts=400, new_tokens=320, text_tokens=0, seq_len=832,
+                      batch=8, epochs=2, lr=1e-3, head_tokens=None, generate_budget_s=3600,
+                      train_budget_s=3600, clip=0.5, ttt_steps=4, budget="1h"),
+    "large": Preset(layers=1, prompts=2250, new_tokens=512, text_tokens=0, seq_len=1024,
+                    batch=8, epochs=2, lr=5e-4, head_tokens=None, generate_budget_s=14400,
+                    train_budget_s=14400, clip=0.5, ttt_steps=7, budget="4h"),
 }
 
 
@@ -101,6 +116,13 @@ class DistillConfig:
     epochs: float | None = None          # override the preset's
     steps: int | None = None             # a fixed count of optimizer steps instead of epochs
     ttt_steps: int | None = None         # --kind head: override the preset's
+    budget: str | None = None            # --kind head: the time to plan for ("1h"); the preset's
+    answers: int | None = None           # --kind head: a fixed count of answers instead
+    cache: Path | None = None            # --kind head: the answer cache (default OUTPUT.answers)
+    data_budget: str | None = None       # --kind head: the cache's most bytes or positions
+    answers_bundle: Path | None = None   # --kind head: the bundle that answers (default: export)
+    answers_quant: AnswersQuant = "none"  # --kind head: that export's target weights
+    head_init: HeadInit = "target"
     overrides: dict = field(default_factory=dict, compare=False)  # tests: smaller presets
 
     def __post_init__(self) -> None:
@@ -109,10 +131,12 @@ class DistillConfig:
         object.__setattr__(self, "data", tuple(Path(p) for p in self.data))
         if self.prompts is not None:
             object.__setattr__(self, "prompts", Path(self.prompts))
-        if self.bundle is not None:
-            object.__setattr__(self, "bundle", Path(self.bundle))
+        for name in ("bundle", "cache", "answers_bundle"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, Path(getattr(self, name)))
         for name, kind in (("preset", PresetName), ("loss", Loss), ("init", Init),
-                           ("kind", Kind)):
+                           ("kind", Kind), ("answers_quant", AnswersQuant),
+                           ("head_init", HeadInit)):
             if getattr(self, name) not in get_args(kind):
                 raise ConfigError(f"DistillConfig {name}={getattr(self, name)!r} is not one of "
                                   f"{', '.join(get_args(kind))}.")
@@ -127,9 +151,22 @@ class DistillConfig:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} {value} must be positive.")
-        if self.kind == "head" and self.bundle is not None:
-            raise ConfigError("--bundle applies to a draft. ---> HINT: export the head with "
-                              "ssd-export --target TARGET --draft HEAD_FOLDER.")
+        head_only = {"budget": self.budget, "answers": self.answers, "cache": self.cache,
+                     "data_budget": self.data_budget, "answers_bundle": self.answers_bundle,
+                     "answers_quant": None if self.answers_quant == "none" else 1,
+                     "head_init": None if self.head_init == "target" else 1}
+        given = [f"--{k.replace('_', '-')}" for k, v in head_only.items() if v is not None]
+        if self.kind != "head" and given:
+            raise ConfigError(f"{', '.join(given)}: for --kind head only. ---> HINT: drop "
+                              f"{'it' if len(given) == 1 else 'them'}, or add --kind head.")
+        if self.answers is not None and self.answers < 1:
+            raise ConfigError(f"--answers {self.answers} must be at least 1.")
+        if self.budget is not None and self.answers is not None:
+            raise ConfigError("--budget plans the number of answers and --answers fixes it. "
+                              "---> HINT: give one of them.")
+        if self.answers_bundle is not None and self.answers_quant != "none":
+            raise ConfigError("--answers-quant shapes the bundle ssd-distill exports; "
+                              "--answers-bundle gives one. ---> HINT: give one of them.")
         if self.kind == "head" and (self.layers is not None or self.loss != "mix"
                                     or self.init != "spread"):
             raise ConfigError("--layers, --loss and --init shape a draft; a head is one layer "
@@ -152,4 +189,10 @@ class DistillConfig:
             preset = replace(preset, layers=self.layers)
         if self.head_tokens is not None:
             preset = replace(preset, head_tokens=self.head_tokens or None)
+        if self.kind == "head" and self.head_tokens == 0:
+            preset = replace(preset, head_tokens=int(1e9))   # the whole vocabulary
+        if self.budget is not None:
+            preset = replace(preset, budget=self.budget)
+        if self.answers is not None:
+            preset = replace(preset, prompts=self.answers, budget=None)
         return preset

@@ -37,6 +37,13 @@ class Rows:
     def positions(self) -> int:
         return int(self.mask.sum())
 
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def draw(self, gen: torch.Generator, n: int) -> "Rows":
+        """n rows drawn at random (with replacement): a training batch."""
+        return self.select(torch.randint(0, len(self.ids), (n,), generator=gen))
+
     def select(self, index: torch.Tensor) -> "Rows":
         return Rows(**{k: v[index] for k, v in self.as_dict().items()})
 

@@ -1,6 +1,6 @@
-"""What an EAGLE-3 head learns from (docs/distill.md §8): data.py's labelled rows (the target's
-answers, the user's text) with, at every position, the target's hidden states at the head's
-three layers, and the draft vocabulary (the tokens the target emits most often, d2t/t2d)."""
+"""The layers an EAGLE-3 head reads (docs/distill.md §8) and, from Hugging Face's
+`hidden_states`, the features it reads there: the reference features.py's prefill (which stops
+at the deepest of those layers) is checked against."""
 from __future__ import annotations
 
 import time
@@ -37,31 +37,12 @@ def check_layers(layer_ids: list[int], n_layers: int, target: str) -> None:
                           f"train a small draft instead (ssd-distill without --kind head).")
 
 
-def draft_vocabulary(rows: Rows, vocab: int, size: int | None
-                     ) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-    """The `size` tokens the target emits most often in the rows' labelled positions (the token
-    that follows each one; the target's argmax breaks ties), as SafeAILab's `scandata` picks
-    them, sorted by id; with d2t[d] = target_id - d for each draft id d and t2d, a boolean mask
-    over the target's vocabulary. The whole vocabulary when size is None or larger."""
-    size = vocab if size is None else min(size, vocab)
-    emitted = rows.ids[:, 1:][rows.mask[:, :-1]]                           # (P,)
-    counts = torch.bincount(emitted, minlength=vocab).double() * vocab
-    counts += torch.bincount(rows.argmax[rows.mask], minlength=vocab).double()
-    order = torch.sort(-counts, stable=True).indices                       # ties: lower id
-    ids = sorted(order[:size].tolist())
-    ids_t = torch.tensor(ids)
-    d2t = ids_t - torch.arange(len(ids))                                   # (N,) int64
-    t2d = torch.zeros(vocab, dtype=torch.bool)
-    t2d[ids_t] = True
-    return ids, d2t, t2d
-
-
 @torch.no_grad()
 def add_features(target, rows: Rows, layer_ids: list[int], batch: int, progress: Progress
                  ) -> Rows:
-    """The rows with `features`: teacher-forced through the target, the hidden states entering
-    `layer_ids` concatenated at every position, in float16 (what the exported target's
-    verification outputs for the head at run time, docs/design.md)."""
+    """The rows with `features`: teacher-forced through the whole target, the hidden states
+    entering `layer_ids` concatenated at every position, in float16 (what the exported
+    target's verification outputs for the head at run time, docs/design.md)."""
     n, width = rows.ids.shape
     hidden = int(target.config.hidden_size)
     out = torch.zeros(n, width, len(layer_ids) * hidden, dtype=torch.float16)  # (N, L, 3H)

@@ -10,6 +10,8 @@ from ssd_runtime.errors import ConfigError
 from .config import HEAD_PRESETS, PRESETS, Preset
 
 ANSWER_BATCH = 32        # rows the target answers at once (data.answer)
+ANSWER_SLOTS, ANSWER_CONTEXT = 16, 1024   # --kind head: the answering bundle's (head.py)
+PREFILL_TOKENS = 4096    # --kind head: tokens a feature prefill runs at once (features.py)
 
 
 def estimate(target, preset: Preset) -> int:
@@ -50,20 +52,29 @@ def check_memory(target, preset: Preset, name: str, kind: str = "draft") -> int:
 
 
 def estimate_head(target, preset: Preset) -> int:
-    """Bytes a head's run needs at its peak, roughly: the target and its answering as for a
-    draft, the labels, the features (3H float16 a position), the head's training state, and
-    the activations of `ttt_steps` unrolled steps (the draft-vocabulary logits dominate)."""
-    _, hidden, vocab, _, shared = _target_and_labels(target, preset)
-    rows = preset.prompts + preset.text_tokens // max(preset.seq_len, 1)
-    features = rows * preset.seq_len * 3 * hidden * 2
-    head_vocab = preset.head_tokens or vocab
-    inter = int(getattr(target.config, "intermediate_size", None) or 4 * hidden)
+    """Bytes a head's run needs at its peak, roughly: the float target (PyTorch's, for the
+    features) and the cached answers' ids and labels (about 130 bytes a position, a million
+    positions) throughout; then the larger of the answering (the bundle's target and its KV
+    cache, and a prefill's activations) and the training (the head's state and the
+    activations of `ttt_steps` unrolled steps over a batch of long rows: the logits over the
+    draft vocabulary dominate). The features stay on disk (corpus.py)."""
+    cfg = target.config
+    params = sum(p.numel() for p in target.parameters())
+    hidden, vocab = int(cfg.hidden_size), int(cfg.vocab_size)
+    layers = int(cfg.num_hidden_layers)
+    kv_dim = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads) * int(
+        getattr(cfg, "head_dim", None) or hidden // cfg.num_attention_heads)
+    answering = params * 4 + ANSWER_SLOTS * ANSWER_CONTEXT * layers * 2 * kv_dim * 4 \
+        + PREFILL_TOKENS * (hidden * 16 + 3 * hidden * 2) * 4
+    head_vocab = min(preset.head_tokens or 8192, vocab)
+    inter = int(getattr(cfg, "intermediate_size", None) or 4 * hidden)
     head = (3 * hidden * hidden + 4 * hidden * hidden + 3 * hidden * inter
             + hidden * head_vocab) * 4 * 4               # weights, grads, two Adam moments
-    positions = preset.batch * preset.seq_len * preset.ttt_steps
+    seq = min(preset.max_prompt, 256) + preset.new_tokens   # a long row
+    positions = preset.batch * seq * preset.ttt_steps
     activations = positions * (hidden * 30 + inter * 4 + head_vocab * 3
-                               + preset.seq_len * preset.ttt_steps * 2) * 4
-    return int(shared + features + head + activations)
+                               + seq * preset.ttt_steps * 2) * 4
+    return int(params * 4 + 10**6 * 130 + max(answering, head + activations))
 
 
 def _target_and_labels(target, preset: Preset) -> tuple[int, int, int, int, int]:

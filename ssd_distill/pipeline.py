@@ -230,7 +230,13 @@ def run_key(config: DistillConfig) -> dict:
             "settings": asdict(config.settings),
             "data": [str(p.absolute()) for p in config.data],
             "prompts": str(config.prompts.absolute()) if config.prompts else None,
-            "seed": config.seed, "loss": config.loss, "init": config.init}
+            "seed": config.seed, "loss": config.loss, "init": config.init,
+            **({} if config.kind != "head" else {
+                "budget": config.budget, "answers": config.answers,
+                "cache": str(config.cache.absolute()) if config.cache else None,
+                "data_budget": config.data_budget, "answers_quant": config.answers_quant,
+                "answers_bundle": str(config.answers_bundle.absolute())
+                if config.answers_bundle else None, "head_init": config.head_init})}
 
 
 def load_target(source: str):

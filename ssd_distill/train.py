@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 
 from .config import Preset
+from .corpus import Corpus
 from .data import Rows
 from .student import head_logits
 
@@ -61,7 +62,7 @@ def loss_terms(student, rows: Rows, vocab_map: torch.Tensor | None,
     return (soft_weight * soft + (1 - soft_weight) * hard).mean()
 
 
-def train(model: torch.nn.Module, params: list[torch.nn.Parameter], rows: Rows,
+def train(model: torch.nn.Module, params: list[torch.nn.Parameter], rows: Rows | Corpus,
           preset: Preset, loss_fn: Callable[[Rows], torch.Tensor], seed: int,
           checkpoint: Path, resume: bool, progress: Callable[[int, int, str], None]
           ) -> TrainResult:
@@ -69,7 +70,7 @@ def train(model: torch.nn.Module, params: list[torch.nn.Parameter], rows: Rows,
     preset.epochs over the rows), each on a random batch of rows trimmed of padding and scored
     by `loss_fn`; resumed from `checkpoint` when asked (weights, optimizer, step and sampling
     state). The draft and the head (--kind head) share it."""
-    steps = preset.steps or max(1, math.ceil(preset.epochs * len(rows.ids) / preset.batch))
+    steps = preset.steps or max(1, math.ceil(preset.epochs * len(rows) / preset.batch))
     warmup = max(1, steps // 20)
     opt = torch.optim.AdamW(params, lr=preset.lr, betas=(0.9, 0.95), weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -92,8 +93,7 @@ def train(model: torch.nn.Module, params: list[torch.nn.Parameter], rows: Rows,
     interrupted = _defer_interrupt()
     try:
         while step < steps:
-            index = torch.randint(0, len(rows.ids), (preset.batch,), generator=gen)
-            batch = rows.select(index)
+            batch = rows.draw(gen, preset.batch)
             width = int(batch.mask.any(0).nonzero().max()) + 1                # trim the padding
             value = loss_fn(batch.trim(width))
             value.backward()

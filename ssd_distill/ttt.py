@@ -32,6 +32,7 @@ def unroll(head, batch: Rows, steps: int):
     position = torch.arange(T, device=device)[None, :].expand(B, -1)       # (B, T)
     causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()      # (T, T) key <= query
     diagonal = torch.eye(T, dtype=torch.bool, device=device)               # (T, T) key == query
+    top_logp = batch.top_logp.float()                                      # (B, T, K)
     past_k = past_v = hidden.new_zeros(B, 0, head.heads.num_kv_heads, head.heads.head_dim)
     for j in range(steps):
         tokens = _shift(batch.ids, 1 + j, 0)                               # (B, T): x_{i+1+j}
@@ -41,8 +42,8 @@ def unroll(head, batch: Rows, steps: int):
         out, k, v = head.step(tokens, hidden, position + j, past_k, past_v, bias)
         past_k, past_v = torch.cat((past_k, k), 1), torch.cat((past_v, v), 1)  # (B, (j+1)T, Hkv, D)
         logits = head.draft_logits(out[scored])                            # (N, Vd)
-        labels = tuple(_shift(t, 1 + j, 0)[scored]
-                       for t in (batch.top_ids, batch.top_logp, batch.argmax))
+        labels = tuple(_shift(t, 1 + j, 0)[scored]          # (float32: autocast's cat
+                       for t in (batch.top_ids, top_logp, batch.argmax))   # takes no half)
         yield logits, labels
         hidden = out                                                       # fed back, not detached
 
@@ -74,8 +75,8 @@ def agreement(head, rows: Rows, steps: int, batch: int, device) -> list[tuple[in
     argmax; scored positions): teacher-forced top-1 agreement of each unrolled step."""
     counts = [[0, 0] for _ in range(steps)]
     d2t = head.d2t
-    for first in range(0, len(rows.ids), batch):
-        part = rows.select(torch.arange(first, min(first + batch, len(rows.ids))))
+    for first in range(0, len(rows), batch):
+        part = rows.select(torch.arange(first, min(first + batch, len(rows))))
         width = int(part.mask.any(0).nonzero().max()) + 1 if part.positions else 0
         if width == 0:
             continue

@@ -30,16 +30,22 @@ def deep_target(models, tmp_path_factory) -> Path:
                             layers=8)
 
 
+@pytest.fixture(scope="module")
+def bundle(deep_target, answers_bundle) -> Path:
+    """The bundle that writes the deep target's answers (conftest.py)."""
+    return answers_bundle(deep_target)
+
+
 def head_cli(target, out, *extra):
     return run("ssd_distill.cli", "--kind", "head", "--target", target, "--output", out,
                "--preset", "quick", "--threads", "1", "--quiet", "--draft-vocab", DRAFT_VOCAB,
-               *extra)
+               "--no-check", *extra)
 
 
 @pytest.fixture(scope="module")
-def trained(deep_target, tmp_path_factory) -> Path:
+def trained(deep_target, bundle, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("head") / "head"
-    proc = head_cli(deep_target, out, "--steps", 12)
+    proc = head_cli(deep_target, out, "--steps", 12, "--answers-bundle", bundle)
     assert proc.returncode == 0, proc.stderr
     return out
 
@@ -114,7 +120,7 @@ def test_the_unrolled_steps_are_the_chain_the_runtime_drafts(deep_target):
                 assert torch.allclose(got, chain[j], atol=1e-4), (i, j)
 
 
-def test_the_loss_goes_down_on_a_fixed_corpus(deep_target, tmp_path):
+def test_the_loss_goes_down_on_a_fixed_corpus(deep_target, bundle, tmp_path):
     """Forty steps on the same rows: the training loss ends well below where it started, and
     the held-out agreement of the first step rises above an untrained head's."""
     from ssd_distill.config import DistillConfig
@@ -128,11 +134,31 @@ def test_the_loss_goes_down_on_a_fixed_corpus(deep_target, tmp_path):
     for steps in (1, 40):
         config = DistillConfig(target=deep_target, output=tmp_path / f"h{steps}", kind="head",
                                preset="quick", prompts=prompts, threads=1, quiet=True,
-                               head_tokens=DRAFT_VOCAB, steps=steps)
+                               head_tokens=DRAFT_VOCAB, steps=steps, check=False,
+                               answers_bundle=bundle, cache=tmp_path / "cache")
         runs[steps] = distill_head(config)
     first, last = runs[1]["train"]["loss"], runs[40]["train"]["loss"]
     assert last < 0.8 * first, (first, last)
-    assert runs[40]["heldout"]["agreement"][0] > runs[1]["heldout"]["agreement"][0]
+    assert _train_agreement(deep_target, tmp_path / "h40", tmp_path / "cache") > \
+        _train_agreement(deep_target, tmp_path / "h1", tmp_path / "cache")
+
+
+def _train_agreement(target_folder: Path, head_folder: Path, cache_folder: Path) -> float:
+    """The first drafting step's teacher-forced agreement on the training answers (the
+    held-out ones, of another source, say little of a random tiny target)."""
+    from transformers import AutoModelForCausalLM
+
+    from ssd_distill.cache import AnswerCache, target_identity
+    from ssd_distill.corpus import Corpus
+    from ssd_distill.ttt import agreement
+    from ssd_graphs.eagle3 import load_head
+
+    target = AutoModelForCausalLM.from_pretrained(target_folder)
+    _, head, _ = load_head(head_folder, 8, target.get_input_embeddings().weight)
+    cache = AnswerCache(cache_folder, target_identity(str(target_folder)))
+    corpus = Corpus(cache, {"heldout"}, True, 3 * 64, 512)
+    agree, total = agreement(head, corpus, 1, 8, "cpu")[0]
+    return agree / total
 
 
 def _interrupt_in_training(cmd: list[str]) -> subprocess.Popen:
@@ -150,12 +176,13 @@ def _interrupt_in_training(cmd: list[str]) -> subprocess.Popen:
 
 
 @pytest.mark.slow
-def test_an_interrupted_run_resumes_to_the_same_head(deep_target, tmp_path):
+def test_an_interrupted_run_resumes_to_the_same_head(deep_target, bundle, tmp_path):
     from safetensors.torch import load_file
 
     out, straight = tmp_path / "head", tmp_path / "straight"
     args = ["--kind", "head", "--target", str(deep_target), "--preset", "quick",
-            "--threads", "1", "--draft-vocab", str(DRAFT_VOCAB), "--steps", "400"]
+            "--threads", "1", "--draft-vocab", str(DRAFT_VOCAB), "--steps", "400",
+            "--no-check", "--answers-bundle", str(bundle), "--cache", str(tmp_path / "cache")]
     proc = _interrupt_in_training([sys.executable, "-m", "ssd_distill.cli", "--output",
                                    str(out), *args])
     assert proc.returncode == 130, proc.returncode

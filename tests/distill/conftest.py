@@ -1,0 +1,30 @@
+"""Fixtures of the distiller's tests: the bundle whose runtime writes a target's answers."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent.parent))
+import export_cache  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def answers_bundle(tmp_path_factory):
+    """export(target folder, quant) -> the bundle ssd-distill --kind head exports to write its
+    answers (answers.answer_bundle's ExportConfig), from the tests' export cache."""
+    from ssd_export import ExportConfig
+
+    made: dict[tuple[str, str], Path] = {}
+
+    def export(target: Path, quant: str = "none") -> Path:
+        if (str(target), quant) not in made:
+            out = tmp_path_factory.mktemp("answers-bundle") / "b"
+            export_cache.bundle(ExportConfig(target=str(target), draft=str(target), output=out,
+                                             max_context=256, max_batch=16, quiet=True,
+                                             quant=quant), out)
+            made[str(target), quant] = out
+        return made[str(target), quant]
+
+    return export
