@@ -98,14 +98,16 @@ def runs_ort_flavour(onnxruntime_version: str) -> bool:
     return version_tuple(onnxruntime_version) >= ORT_FLAVOUR_MIN
 
 
-def oldest_onnxruntime(graph: str, quant: str, moe: str = "none", form: str = MATMULNBITS
-                       ) -> tuple[tuple[int, ...], str] | None:
-    """The oldest onnxruntime a graph with this flavour, these weights (written in `form`)
-    and these MoE layers needs, and what needs it; None when any release does."""
+def oldest_onnxruntime(graph: str, quant: str, moe: str = "none", form: str = MATMULNBITS,
+                       fused: bool = False) -> tuple[tuple[int, ...], str] | None:
+    """The oldest onnxruntime a graph with this flavour, these weights (written in `form`),
+    these MoE layers and (`fused`) the fused layer needs, and what needs it; None when any
+    release does."""
     quant_min = QUANT_MIN if form == MATMULNBITS else dict.fromkeys(QUANT_MIN, DEQUANTIZE_MIN)
     needs = ([(ORT_FLAVOUR_MIN, "the 'ort' graph flavour")] if graph == ORT else []) + \
         ([(quant_min[quant], f"{quant} {form} weights")] if quant in quant_min else []) + \
-        ([(MOE_KERNEL_MIN, "ONNX Runtime's MoE kernel")] if moe == "kernel" else [])
+        ([(MOE_KERNEL_MIN, "ONNX Runtime's MoE kernel")] if moe == "kernel" else []) + \
+        ([(STATIC_FUSED_MIN, "the fused layer's opset-23 operators")] if fused else [])
     return max(needs) if needs else None
 
 

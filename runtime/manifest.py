@@ -15,7 +15,7 @@ from . import cache, contract
 from .errors import BundleError
 
 FORMAT = "ssd-bundle"
-SCHEMA_VERSION = 11         # 2: models carry "graph" (flavour); 1 reads as "standard"
+SCHEMA_VERSION = 12         # 2: models carry "graph" (flavour); 1 reads as "standard"
                             # 3: models carry "quant" (weights); 1 and 2 read as "none"
                             # 4: models carry "moe" (how MoE layers run); 1-3 read as "none"
                             # 5: tokenizer carries "special_tokens" (text), "split_special_tokens"
@@ -42,6 +42,10 @@ SCHEMA_VERSION = 11         # 2: models carry "graph" (flavour); 1 reads as "sta
                             # 11: a draft's "kind" may be "mtp" (the target's own MTP layer,
                             #    docs/design.md §14.1: features of width H, the last layer's
                             #    final-normed output); 1-10 know "model" and "eagle3" only
+                            # 12: models carry "fused" (a static or rows graph written in
+                            #    fused operators of ONNX opset 23, docs/design.md §12, which
+                            #    onnxruntime before contract.STATIC_FUSED_MIN refuses with an
+                            #    error of its own); 1-11 read as false
 MAX_BATCH = 64              # the batch axis' bound in the traced graphs (graphs/trace.py)
 # an EAGLE-3 head's settings in ModelEntry.head (docs/design.md §14): the published layout it
 # was read from ("safeailab" or "speculators"), its width H, the target's width Ht (features
@@ -90,6 +94,7 @@ class ModelEntry:
     kind: str = contract.MODEL
     aux_layer_ids: list[int] = field(default_factory=list)
     head: dict[str, Any] = field(default_factory=dict)
+    fused: bool = False       # schema 12: the layer in fused operators (contract.STATIC_FUSED_MIN)
 
     @property
     def quant_form(self) -> str:
