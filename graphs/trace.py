@@ -37,6 +37,8 @@ class TracedModel:
     tops: bool = False           # contract.TOP_ID / TOP_PROB follow the KV outputs (append_tops)
     moe_note: str = ""           # ... and at what cost, for a progress line
     aux_layer_ids: tuple[int, ...] = ()   # contract.AUX_HIDDEN follows the KV outputs
+    tree: bool = False           # contract.TREE_MASK follows the contract's inputs (tree_input.py)
+    tree_note: str = ""          # ... or why an ort target has none
 
 
 def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context: int,

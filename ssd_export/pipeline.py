@@ -210,6 +210,7 @@ def _export(config: ExportConfig, log: _Progress, named: dict[str, str]) -> Mani
                 **text_settings(target.tokenizer)),
             heads=heads, build=_build_info(config), generation=generation,
             max_batch=config.max_batch,
+            requires=["tree"] if traced["target"].tree else [],
         )
         if config.max_batch > 1:
             with log.stage("check batches of rows at their own lengths"):
@@ -304,6 +305,8 @@ def _trace_checked(loaded: LoadedModel, path: Path, max_context: int, config: Ex
             traced = export_decoder(loaded.model, loaded.source, path, max_context, graph, aux)
         if traced.moe_note:
             log.print(f"    {role}: {traced.moe_note}")
+        if graph == contract.ORT and role == "target":      # draft trees (design §2)
+            traced = _with_tree(traced, log)
         with log.stage(f"parity of the {role} against Hugging Face"):
             return traced, check_parity(loaded.model, traced.path, role, config.max_draft,
                                         config.dtype, max_context, graph=graph,
@@ -316,6 +319,16 @@ def _trace_checked(loaded: LoadedModel, path: Path, max_context: int, config: Ex
         log.print(f"    {role}: the ort flavour does not fit ({why}); using the standard graph")
         shutil.rmtree(path.parent, ignore_errors=True)
         return _trace_checked(loaded, path, max_context, config, contract.STANDARD, log, aux)
+
+
+def _with_tree(traced: TracedModel, log) -> TracedModel:
+    """The ort target with the tree input (graphs/tree_input.py), or without and why."""
+    from ssd_graphs.tree_input import append_tree_mask
+
+    why = append_tree_mask(traced.path)
+    if why:
+        log.print(f"    target: no draft trees ({why})")
+    return replace(traced, tree=not why, tree_note=why)
 
 
 def _trace_rows(loaded: LoadedModel, traced: TracedModel, max_context: int,
@@ -399,10 +412,12 @@ def _entry(root: Path, loaded: LoadedModel, traced: TracedModel,
         source=str(loaded.source), num_layers=traced.num_layers,
         num_kv_heads=traced.num_kv_heads, head_dim=traced.head_dim,
         vocab_size=traced.vocab_size, kv_dtype=traced.kv_dtype, logits_dtype="float32",
-        inputs=contract.input_names(traced.num_layers, traced.graph),
+        inputs=contract.input_names(traced.num_layers, traced.graph)
+        + ([contract.TREE_MASK] if traced.tree else []),
         outputs=contract.output_names(traced.num_layers, traced.graph, bool(traced.aux_layer_ids))
         + ([contract.TOP_ID, contract.TOP_PROB] if traced.tops else []),
-        parameters=traced.parameters, parity=parity, graph=traced.graph, moe=traced.moe)
+        parameters=traced.parameters, parity=parity, graph=traced.graph, moe=traced.moe,
+        tree=traced.tree, tree_note=traced.tree_note)
 
 
 def _build_info(config: ExportConfig) -> dict:
