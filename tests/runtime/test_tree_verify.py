@@ -128,3 +128,56 @@ def test_a_runtime_that_predates_trees_refuses_a_tree_bundle_by_name(tree_bundle
     (copy / "manifest.json").write_text(json.dumps(data))
     with pytest.raises(BundleError, match=r"needs 'telepathy', which this runtime predates"):
         read_manifest(copy, verify=False)
+
+
+def _prediction_trials(gen, trials: int = 4):
+    """Prompts whose last 3-gram occurred once before, followed by other tokens than the
+    target writes, and the target's own answer as the request's prediction: the sequence's
+    lookup (the longer match) wins the chain, the prediction's start is the other path."""
+    rng = np.random.default_rng(1)
+    for _ in range(trials):
+        abc = [int(x) for x in rng.integers(5, 300, 3)]
+        prompt = [int(x) for x in rng.integers(5, 300, 5)] + abc + \
+            [int(x) for x in rng.integers(5, 300, 8)] + [7] + abc
+        yield prompt, gen.generate(prompt, max_new_tokens=24, k=0, ignore_eos=True).token_ids
+
+
+@pytest.mark.parametrize("k", [4, "auto"])
+def test_greedy_with_lookup_trees_is_k0_and_takes_the_branch_the_chain_missed(
+        tree_bundle, monkeypatch, k):
+    from ssd_runtime.round.loop import Loop
+
+    gen = Generator.load(tree_bundle, backend="cpu", threads=1)
+    rounds = {True: 0, False: 0}
+    for prompt, alone in _prediction_trials(gen):
+        for trees in (True, False):
+            monkeypatch.setattr(Loop, "trees", trees)
+            res = gen.generate(prompt, max_new_tokens=24, k=k, draft_source="lookup",
+                               ignore_eos=True, prediction=alone)
+            assert res.token_ids == alone, (prompt, trees)
+            rounds[trees] += res.stats.rounds
+            assert (res.stats.tree_rounds > 0) == trees
+    # a fixed k drafts the sequence's own continuation first, which the tree's other branch
+    # beats; auto's schedule may take the prediction first, where both drafts agree
+    assert rounds[True] < rounds[False] if k == 4 else rounds[True] <= rounds[False]
+
+
+def test_seeded_sampling_with_lookup_trees_is_reproducible(tree_bundle):
+    gen = Generator.load(tree_bundle, backend="cpu", threads=1)
+    prompt, alone = next(_prediction_trials(gen, 1))
+    runs = [gen.generate(prompt, max_new_tokens=24, k=4, draft_source="lookup",
+                         prediction=alone, temperature=0.8, seed=11, ignore_eos=True)
+            for _ in range(2)]
+    assert runs[0].token_ids == runs[1].token_ids
+    assert runs[0].stats.tree_rounds > 0
+
+
+def test_a_batch_of_four_on_a_tree_bundle_gives_each_prompt_alone(tree_bundle):
+    """Rows of a batch verify chains (their calls bind the chain's mask); each gets k=0's."""
+    gen = Generator.load(tree_bundle, backend="cpu", threads=1, max_batch=4)
+    prompts = [p for p, _ in _prediction_trials(gen, 4)]
+    alone = [gen.generate(p, max_new_tokens=24, k=0, ignore_eos=True).token_ids
+             for p in prompts]
+    results = gen.generate_batch(prompts, max_new_tokens=24, k=4, draft_source="lookup",
+                                 ignore_eos=True, prediction=None)
+    assert [r.token_ids for r in results] == alone
