@@ -1,7 +1,7 @@
 """Draft trees on an ONNX Runtime session (docs/design.md §2 "Trees", §3): a verification
 call over a tree's nodes, and the accepted path's KV rows made contiguous afterwards.
 
-A graph with contract.TREE_MASK (an ort target of schema 12) takes it on every call: a chain
+A graph with contract.TREE_MASK (an ort target of schema 13) takes it on every call: a chain
 binds the lower triangle (kept in a host buffer, rewritten only when a tree call wrote over it),
 a tree its ancestor mask. A mixin over OrtCpuSession's buffers and binders (ort.py).
 """

@@ -103,7 +103,7 @@ def test_a_tree_past_the_bundles_verification_width_is_refused(tree_bundle):
 
 def test_a_tree_of_a_target_without_the_tree_input_is_one_clear_error(tree_bundle):
     target = _target(tree_bundle)
-    target.takes_trees = False          # as a bundle from before schema 12 opens
+    target.takes_trees = False          # as a bundle from before schema 13 opens
     tree = Tree.chain(1, [2])
     with pytest.raises(BackendError, match="takes no draft tree.*re-export"):
         target.forward_tree(tree.tokens, tree.ancestors(), tree.depth, 0)
@@ -116,10 +116,10 @@ def test_a_runtime_that_predates_trees_refuses_a_tree_bundle_by_name(tree_bundle
 
     copy = tmp_path / "bundle"
     shutil.copytree(tree_bundle, copy)
-    monkeypatch.setattr(manifest_module, "SCHEMA_VERSION", 11)
+    monkeypatch.setattr(manifest_module, "SCHEMA_VERSION", 12)
     monkeypatch.setattr(manifest_module, "REQUIRES", ())
-    with pytest.raises(BundleError, match=r"schema_version 12 is newer than this runtime reads "
-                                          r"\(up to 11\) and needs 'tree', which this runtime "
+    with pytest.raises(BundleError, match=r"schema_version 13 is newer than this runtime reads "
+                                          r"\(up to 12\) and needs 'tree', which this runtime "
                                           r"predates.*upgrade"):
         read_manifest(copy, verify=False)
     monkeypatch.undo()
