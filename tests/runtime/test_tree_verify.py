@@ -230,3 +230,24 @@ def test_greedy_with_lookup_trees_on_a_static_target_is_k0(static_bundle, monkey
             assert res.token_ids == alone
             gained += res.stats.tree_gained
     assert gained > 0
+
+
+def test_the_device_path_binds_a_chains_mask_and_verifies_no_tree(static_bundle):
+    """The cuda backend's code path on host memory (OrtCudaSession, device="cpu"): a static
+    target's tree input takes the chain's mask on every call (lookup drafts give k=0's tokens),
+    and no tree is verified there: compact_rows is not written for device arenas."""
+    from ssd_runtime.backends.ort_cuda import OrtCudaSession
+
+    gen = Generator.load(static_bundle, backend="cpu", threads=1, fused_heads=False)
+    prompt, alone = next(_prediction_trials(gen, 1))
+    m = gen.manifest
+    gen.target, gen.draft = (
+        OrtCudaSession(name, gen.root / entry.path, entry, m.max_context, m.max_draft + 2, 1,
+                       device="cpu")
+        for name, entry in (("target", m.target), ("draft", m.draft)))
+    assert gen.target._mask_input and not gen.target.takes_trees
+    res = gen.generate(prompt, max_new_tokens=24, k=4, draft_source="lookup", ignore_eos=True,
+                       prediction=alone)
+    assert res.token_ids == alone and res.stats.tree_rounds == 0
+    with pytest.raises(BackendError, match="not verified on the cpu backend.*draft chains"):
+        gen.target.compact_rows(len(prompt), [0, 2])
