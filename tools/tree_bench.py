@@ -93,7 +93,9 @@ def main() -> None:
     k = args.k if args.k == "auto" else int(args.k)
     modes = [0.0, *(float(x) for x in args.tree_extra.split(","))]
     gens = {m: Generator.load(args.bundle, threads=args.threads) for m in modes}
-    reference = gens[modes[0]]
+    # the target alone on a generator of its own: what k=0's rounds teach a generator (its
+    # round times) stays out of the modes'
+    reference = Generator.load(args.bundle, threads=args.threads)
     if not reference.target.takes_trees:
         raise SystemExit(f"{args.bundle}: its target takes no draft tree (schema 13's tree).")
     work = requests(reference, args.workload, args.max_new_tokens)
