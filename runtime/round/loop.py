@@ -131,16 +131,13 @@ class Row:
 class Loop:
     """Rounds over a target and a draft session (their arenas' slots hold the rows)."""
 
-    # whether a row alone may verify lookup's draft trees where the target takes them (off:
-    # chains as before, for measuring one against the other: tools/tree_bench.py)
-    trees = True
+    trees = True    # lookup's trees where the target takes them (off: chains, tree_bench.py)
 
     def __init__(self, target: ModelSession, draft: ModelSession) -> None:
         self.target, self.draft = target, draft
         self.max_context = target.max_context
         self.max_draft = target.max_new_len - 2     # the bundle's: a verification's drafts
-        # a row alone may verify a draft tree of up to this many nodes where the target takes
-        # them (ort_tree.py; design §2, §4 "Trees"), else 0
+        # the most nodes a row alone's tree may have (ort_tree.py; design §2, §4 "Trees")
         self.tree_nodes = self.max_draft + 1 \
             if self.trees and getattr(target, "takes_trees", False) else 0
         # the last round's (draft seconds, draft calls, verify seconds, verified width), its
@@ -245,13 +242,11 @@ class Loop:
         return emitted
 
     def _judge_tree(self, row: Row, tree, logits):
-        """A tree round's verdict (rule.verify_tree: greedy walks the target's choice) as a
-        chain's: (the drafts as judged: the accepted path's tokens and, past them, the chain
-        the drafter chose; j, t; the logits of the root and the path's nodes; how many of the
-        chosen chain's tokens the path took, nodes 1, 2, ... of lookup_tree: what the schedule
-        learns, as it would have of the chain alone), the path's keys and values moved to the
-        rows after the root's (compact_rows, design §3). The round's seconds are not learnt:
-        the schedule times chains (the planner's price of a tree is not done)."""
+        """A tree round's verdict (rule.verify_tree) as a chain's: (the drafts as judged, the
+        path's tokens then the chosen chain's; j, t; the root's and the path's logits; the
+        chosen chain's tokens the path took, nodes 1, 2, ... of lookup_tree, which the schedule
+        learns as of the chain alone), the path's rows compacted (design §3). The schedule
+        times chains only: a tree round's seconds are not learnt."""
         path, t = row.rule.verify_tree(logits, tree, [None] * (len(tree) - 1),
                                        row.target_len + 1)
         self.target.compact_rows(row.target_len, [0, *path], row.slot)
