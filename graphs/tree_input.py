@@ -7,11 +7,14 @@ ancestors and itself only. `append_tree_mask` adds that to a traced ort graph, i
 (weights untouched): one more input, `tree_mask` bool (B, T, T) ([b, i, j]: new token j is
 new token i or one of its ancestors; a chain passes the lower triangle), turned once per
 call into GroupQueryAttention's `attention_bias` (B, 1, T, total): 0 over the past and where
-the mask holds, -1e30 elsewhere; and every GroupQueryAttention node reads position_ids
-(its input 9: the kernel rotates q and k by them instead of by cache row).
+the mask holds, -1e30 elsewhere; every GroupQueryAttention node reads position_ids (its input
+9: the kernel rotates q and k by them instead of by cache row); and the rows the kernel writes
+and reads come from the root's position, seqlens_k = position_ids[:, 0] + T - 1 (the traced
+graph's position_ids[:, -1] is a tree's deepest node's position, not its last row).
 
     tree_mask (B,T,T) ─ Where(·, 0, -1e30) ─ Unsqueeze(1) ─┐
     zeros (B,1,T,total-T) ────────────────────────────────┴─ Concat(-1) ─ attention_bias
+    position_ids[:, :1] + T - 1 ─ seqlens_k;  its max + 1 ─ total_sequence_length
 
 The kernel keeps its own causal mask by cache row, which a tree's ancestors (parents[i] < i)
 always satisfy, so the bias only hides siblings and cousins. A chain's call gives the same
