@@ -251,3 +251,22 @@ def test_the_device_path_binds_a_chains_mask_and_verifies_no_tree(static_bundle)
     assert res.token_ids == alone and res.stats.tree_rounds == 0
     with pytest.raises(BackendError, match="not verified on the cpu backend.*draft chains"):
         gen.target.compact_rows(len(prompt), [0, 2])
+
+
+def test_lookup_offers_every_continuation_of_its_n_gram_merged_into_one_tree():
+    from ssd_runtime.round.lookup import Lookup, Prediction
+
+    # [1, 2] went on with 3 4, then 5 6, then 3 7 (latest): the chain drafts [3, 7]
+    seq = [1, 2, 3, 4, 0, 1, 2, 5, 6, 0, 1, 2, 3, 7, 0, 9, 1, 2]
+    look = Lookup(max_ngram=3)
+    assert look.find(seq, 2) == ([3, 7], 2)
+    assert look.others(seq, 2) == [[3, 7], [5, 6], [3, 4]]
+    tree = lookup_tree(seq[-1], [[3, 7], *look.others(seq, 2)], max_nodes=16)
+    assert tree.tokens.tolist() == [2, 3, 7, 5, 6, 4]       # the chosen chain whole, first
+    assert tree.parents.tolist() == [-1, 0, 1, 0, 3, 1]
+    assert lookup_tree(2, [[3, 7], [3, 7]], max_nodes=16) is None       # nothing to add
+    assert len(lookup_tree(2, [[3, 7], [5, 6], [3, 4]], max_nodes=4)) == 4   # the budget
+    # the prediction's continuation, where the sequence's own won, is offered too
+    with_prediction = Lookup(max_ngram=3, prediction=Prediction([8, 8, 8], prompt_len=len(seq)))
+    found, _ = with_prediction.find(seq, 2)
+    assert found == [3, 7] and [8, 8] in with_prediction.others(seq, 2)
