@@ -21,6 +21,7 @@ from ..backends.base import ModelSession
 from .drafting import Drafter, Schedule, call
 from .logprobs import Logprobs
 from .rules import Rule
+from .tree import Tree, Verdicts
 
 # tokens a draft left behind may catch up on whenever it drafts (a round's worth: its prefill
 # costs about a draft step); further behind, see Loop.round
@@ -48,6 +49,8 @@ class Stats:
     forced_accepted: int = 0      # the drafts (not in drafted: no one drafted them; design §4)
     split_bets: int = 0           # split mode: rounds whose next round was drafted ahead
     split_hits: int = 0           # ... and whose bet was right
+    tree_rounds: int = 0          # rounds that verified a draft tree (observe_tree)
+    verdicts: Verdicts = field(default_factory=Verdicts)   # acceptance by depth and rank
     mode: str = "sequential"
     threads: str = ""             # intra-op threads "target:draft"
     stop_reason: str = ""
@@ -81,8 +84,22 @@ class Stats:
         decode = self.seconds["decode"]
         return self.new_tokens / decode if decode > 0 else 0.0
 
+    @property
+    def nodes_per_round(self) -> float:
+        """Draft nodes verified a round (a chain's k; a tree's nodes but the root)."""
+        return self.mean_k
+
+    def observe_tree(self, tree: Tree, path: list[int]) -> None:
+        """A round that verified `tree` and accepted `path` (its draft nodes count as drafted
+        tokens, the path as accepted ones: mean_k is then the nodes a round)."""
+        self.tree_rounds += 1
+        self.drafted += len(tree) - 1
+        self.accepted += len(path)
+        self.verdicts.tree(tree, path)
+
     def as_dict(self) -> dict:
-        return {**{k: v for k, v in self.__dict__.items() if k != "seconds"},
+        return {**{k: v for k, v in self.__dict__.items() if k not in ("seconds", "verdicts")},
+                "nodes_per_round": self.nodes_per_round, **self.verdicts.as_dict(),
                 "acceptance_rate": self.acceptance_rate,
                 "lookup_acceptance_rate": self.lookup_acceptance_rate,
                 "model_acceptance_rate": self.model_acceptance_rate,
@@ -209,6 +226,7 @@ class Loop:
             st.forced_accepted += passed
             st.drafted += len(d) - len(forced)
             st.accepted += j - passed
+            st.verdicts.chain(len(d), j)
             if taken := row.drafter.from_lookup:
                 st.lookup_drafted += taken
                 st.lookup_accepted += min(j, taken)

@@ -16,6 +16,7 @@ import heapq
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
+from ..round.tree import Tree
 from .cost import CostModel
 
 DEPTHS = 8          # depths learnt apart (deeper ones share the last)
@@ -42,26 +43,17 @@ class TreeAcceptance:
         start = self.alpha / (r + 1)
         return (self.hits[d][r] + self.prior * start) / (self.tried[d][r] + self.prior)
 
-    def observe(self, parents: Sequence[int], depth: Sequence[int], path: Sequence[int]) -> None:
-        """A round's verdict over a tree (its `parents` and `depth` per node, Tree's arrays):
-        at the root and at each accepted node the children were tried in order up to the
-        accepted one (all of them at the last)."""
+    def observe(self, tree: Tree, path: Sequence[int]) -> None:
+        """A round's verdict over a tree: the nodes it judged (Tree.tried), each counted at its
+        depth and rank."""
         for row_h, row_t in zip(self.hits, self.tried):
             for r in range(RANKS):
                 row_h[r] *= self.decay
                 row_t[r] *= self.decay
-        children: dict[int, list[int]] = {}
-        for i in range(1, len(parents)):
-            children.setdefault(int(parents[i]), []).append(i)
-        for u, nxt in zip([0, *path], [*path, None]):
-            kids = children.get(u, [])
-            d = min(int(depth[u]) + 1, DEPTHS) - 1
-            for rank, c in enumerate(kids):
-                r = min(rank, RANKS - 1)
-                self.tried[d][r] += 1
-                if c == nxt:
-                    self.hits[d][r] += 1
-                    break
+        for node, passed in tree.tried(list(path)):
+            d, r = min(int(tree.depth[node]), DEPTHS) - 1, min(tree.rank(node), RANKS - 1)
+            self.tried[d][r] += 1
+            self.hits[d][r] += passed
 
     def as_dict(self) -> dict:
         """a[d][r] for the depths and ranks learnt apart (bench reports, usage)."""

@@ -99,11 +99,11 @@ def test_acceptance_is_learnt_per_depth_and_rank_from_verdicts():
     second = [int(c) for c in tree.children(0)][1]                    # the rank-1 child
     grandchild = tree.children(second)[0]
     for _ in range(400):                          # rank 1 passes at depth 1, then its child
-        acc.observe(tree.parents, tree.depth, [second, grandchild])
+        acc.observe(tree, [second, grandchild])
     assert acc.rate(1, 0) < 0.05 and acc.rate(1, 1) > 0.9 and acc.rate(2, 0) > 0.9
     assert acc.rate(1, 2) == pytest.approx(0.5 / 3)                  # never tried: the prior
     for _ in range(400):                          # nothing passes: every root child tried
-        acc.observe(tree.parents, tree.depth, [])
+        acc.observe(tree, [])
     assert acc.rate(1, 1) < 0.05 and acc.rate(1, 2) < 0.05
     assert len(acc.as_dict()["by_depth_rank"]) == DEPTHS
 
