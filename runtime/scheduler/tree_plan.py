@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from typing import Callable, Literal, Sequence
 
 from ..round.tree import Tree
 from .cost import CostModel
@@ -104,21 +104,27 @@ def best_nodes(acc: TreeAcceptance, limit: int, max_depth: int, max_width: int
 
 
 def plan_tree(acc: TreeAcceptance, verify: Callable[[int], float], c_first: float, c: float,
-              max_nodes: int, max_depth: int = 8, max_width: int = 4) -> TreePlan:
+              max_nodes: int, max_depth: int = 8, max_width: int = 4,
+              draft_calls: Literal["levels", "nodes"] = "levels") -> TreePlan:
     """The shape of highest expected speed-up: every node budget N <= max_nodes, depth cap
     and width cap, each with its best nodes (best_nodes); `verify(n)`: v of n rows in target
-    steps (v(1) = 1); c₁, c: the draft's first and later levels (a tree-mask draft call a
-    level, as a chain's step). k = 0 (speed-up 1) where nothing pays."""
+    steps (v(1) = 1); c₁, c: the draft's first and later calls. `draft_calls`: "levels", a
+    draft graph that takes a tree (one call a level, as a chain's step); "nodes", one without
+    (tree_draft.branch_step: one call per expanded node). k = 0 (speed-up 1) where nothing
+    pays."""
     best = TreePlan(1, 1, 0, 1, 0.0, 1.0)
     v1 = verify(1)
     for width in range(1, max_width + 1):
         for depth_cap in range(1, max_depth + 1):
             nodes = best_nodes(acc, max_nodes - 1, depth_cap, width)
             expected, deepest, ranks = 0.0, 0, 0
-            for n, (p, d, r, _) in enumerate(nodes, start=2):
+            expanded: set[int] = set()
+            for n, (p, d, r, parent) in enumerate(nodes, start=2):
                 expected += p
                 deepest, ranks = max(deepest, d), max(ranks, r + 1)
-                cost = c_first + (deepest - 1) * c + verify(n)
+                expanded.add(parent)
+                calls = deepest if draft_calls == "levels" else len(expanded)
+                cost = c_first + (calls - 1) * c + verify(n)
                 speedup = (1 + expected) / cost * v1
                 if speedup > best.speedup + 1e-12:
                     best = TreePlan(n, ranks, deepest, _beam(nodes[:n - 1]), expected, speedup)

@@ -138,3 +138,16 @@ def test_v_of_n_is_timed_on_the_real_target(small_vocab_bundle):
     assert v(1) == 1.0 and v(3) == pytest.approx((times[2] + times[4]) / 2 / times[1])
     with pytest.raises(ConfigError, match="rows"):
         calibrate_rows(gen.target, [1, gen.target.max_new_len + 1])
+
+
+def test_a_draft_without_a_tree_graph_pays_a_call_per_expanded_node():
+    acc = learnt([[0.6, 0.4, 0.3]])
+    v = v_of(FLAT)
+    levels = plan_tree(acc, v, 0.3, 0.3, 16)
+    nodes = plan_tree(acc, v, 0.3, 0.3, 16, draft_calls="nodes")
+    assert nodes.speedup < levels.speedup
+    # its plan's cost is what it says: c1 + (expanded - 1) c + v(N)
+    chosen = best_nodes(acc, nodes.nodes - 1, nodes.depth, nodes.width)
+    expanded = len({parent for *_, parent in chosen})
+    cost = 0.3 + (expanded - 1) * 0.3 + v(nodes.nodes)
+    assert nodes.speedup == pytest.approx((1 + nodes.expected) / cost)
