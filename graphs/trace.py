@@ -37,6 +37,9 @@ class TracedModel:
     tops: bool = False           # contract.TOP_ID / TOP_PROB follow the KV outputs (append_tops)
     moe_note: str = ""           # ... and at what cost, for a progress line
     aux_layer_ids: tuple[int, ...] = ()   # contract.AUX_HIDDEN follows the KV outputs
+    fused: bool = False          # the static layer in fused operators (fused.py, opset 23)
+    tree: bool = False           # contract.TREE_MASK follows the contract's inputs (tree_input.py)
+    tree_note: str = ""          # ... or why an ort target has none
 
 
 def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context: int,
@@ -89,7 +92,7 @@ def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context:
             dynamic_shapes=shapes, verbose=False, **extra,
         )
         program.save(str(path), external_data=True)
-    lower_fused(path)
+    fused = lower_fused(path)
     rewrite_rsqrt_as_div(path)
     return TracedModel(
         path=path, num_layers=n_layers, num_kv_heads=decoder.num_kv_heads,
@@ -97,6 +100,7 @@ def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context:
         kv_dtype=str(dtype).removeprefix("torch."),
         parameters=sum(p.numel() for p in model.parameters()), graph=graph,
         moe=decoder.moe_kind, moe_note=decoder.moe_note, aux_layer_ids=tuple(aux_layers),
+        fused=fused,
     )
 
 

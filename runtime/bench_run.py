@@ -156,13 +156,14 @@ def _calibration_row(cost: CostModel, models: list[CostModel]) -> dict:
             "target_step_ms_range": [min(steps), max(steps)]}
 
 
-def _verdicts(stats: list) -> dict:
-    """Acceptance by depth and rank over every run's rounds (Verdicts.as_dict)."""
+def _verdicts(stats: list, rounds: int) -> dict:
+    """Nodes a round, acceptance by depth and rank over every run's rounds (Verdicts)."""
     total = Verdicts()
     for s in stats:
         total.merge(s.verdicts)
     found = total.as_dict()
-    return {"acceptance_by_depth": found["acceptance_by_depth"],
+    return {"nodes_per_round": total.nodes / rounds if rounds else 0.0,
+            "acceptance_by_depth": found["acceptance_by_depth"],
             "acceptance_by_rank": found["acceptance_by_rank"],
             "judged_by_depth": found["depth_tried"], "judged_by_rank": found["rank_tried"]}
 
@@ -224,8 +225,7 @@ def _summary(c: Config, threads: str, runs: list, cost: CostModel, baseline: flo
                                                                           for s in stats))),
         # draft trees (docs/design.md §5): verification rows but the root a round (a chain's
         # k), the rounds that verified a tree, and acceptance by depth and by rank
-        "nodes_per_round": mean_k, "tree_rounds": sum(s.tree_rounds for s in stats),
-        **_verdicts(stats),
+        "tree_rounds": sum(s.tree_rounds for s in stats), **_verdicts(stats, rounds),
     }
 
 

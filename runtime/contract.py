@@ -36,6 +36,14 @@ ROWS = "rows"
 # has no such input and attends over the whole cache (backends/ort.py checks the session).
 ATTEND_ROWS = "attend_rows"
 
+# Draft trees (schema 13; docs/design.md §2, "Trees"): an ort target graph may take one more
+# input after the contract's, TREE_MASK bool (B, T, T): [b, i, j] = new token j is new token i
+# or one of its ancestors. Node i sits at cache row past_len + i with position_ids past_len +
+# depth[i] and attends the committed prefix and its own ancestors only; a chain passes the
+# lower triangle (and gives the bits of a graph without the input). The manifest says so
+# (ModelEntry.tree); graphs/tree_input.py writes it.
+TREE_MASK = "tree_mask"
+
 
 def attends_rows(graph: str) -> bool:
     """Whether the graph flavour, as this exporter traces it, takes ATTEND_ROWS last."""
@@ -98,14 +106,16 @@ def runs_ort_flavour(onnxruntime_version: str) -> bool:
     return version_tuple(onnxruntime_version) >= ORT_FLAVOUR_MIN
 
 
-def oldest_onnxruntime(graph: str, quant: str, moe: str = "none", form: str = MATMULNBITS
-                       ) -> tuple[tuple[int, ...], str] | None:
-    """The oldest onnxruntime a graph with this flavour, these weights (written in `form`)
-    and these MoE layers needs, and what needs it; None when any release does."""
+def oldest_onnxruntime(graph: str, quant: str, moe: str = "none", form: str = MATMULNBITS,
+                       fused: bool = False) -> tuple[tuple[int, ...], str] | None:
+    """The oldest onnxruntime a graph with this flavour, these weights (written in `form`),
+    these MoE layers and (`fused`) the fused layer needs, and what needs it; None when any
+    release does."""
     quant_min = QUANT_MIN if form == MATMULNBITS else dict.fromkeys(QUANT_MIN, DEQUANTIZE_MIN)
     needs = ([(ORT_FLAVOUR_MIN, "the 'ort' graph flavour")] if graph == ORT else []) + \
         ([(quant_min[quant], f"{quant} {form} weights")] if quant in quant_min else []) + \
-        ([(MOE_KERNEL_MIN, "ONNX Runtime's MoE kernel")] if moe == "kernel" else [])
+        ([(MOE_KERNEL_MIN, "ONNX Runtime's MoE kernel")] if moe == "kernel" else []) + \
+        ([(STATIC_FUSED_MIN, "the fused layer's opset-23 operators")] if fused else [])
     return max(needs) if needs else None
 
 

@@ -166,8 +166,8 @@ def _export(config: ExportConfig, log: _Progress, named: dict[str, str]) -> Mani
         if rows_trace is not None:
             with log.stage("the target's rows graph: its weights as the target's"):
                 if target_quant != contract.NO_QUANT:
-                    rows.quantize_rows(rows_trace, scheme, traced["target"].vocab_size)
-                out, shared, own = rows.share_weights(rows_trace, traced["target"].path)
+                    rows.quantize_rows(rows_trace.path, scheme, traced["target"].vocab_size)
+                out, shared, own = rows.share_weights(rows_trace.path, traced["target"].path)
             log.print(f"    rows graph: {shared / 1e6:.1f} MB of weights read from the "
                       f"target's file, {own / 1e6:.2f} MB of its own")
             rows_file = out.relative_to(root).as_posix()
@@ -194,7 +194,8 @@ def _export(config: ExportConfig, log: _Progress, named: dict[str, str]) -> Mani
                            quant=target_quant,
                            quant_scheme=scheme.as_dict() if scheme else {},
                            quant_quality=quality.as_dict() if quality else {},
-                           rows=rows_file, rows_parity=rows_parity, rows_note=rows_note),
+                           rows=rows_file, rows_parity=rows_parity, rows_note=rows_note,
+                           fused=traced["target"].fused or bool(rows_file and rows_trace.fused)),
             draft=head.entry(root, traced["draft"], parity["draft"])
             if head is not None else
             replace(_entry(root, draft, traced["draft"], parity["draft"]), quant=quant,
@@ -210,6 +211,7 @@ def _export(config: ExportConfig, log: _Progress, named: dict[str, str]) -> Mani
                 **text_settings(target.tokenizer)),
             heads=heads, build=_build_info(config), generation=generation,
             max_batch=config.max_batch,
+            requires=["tree"] if traced["target"].tree else [],
         )
         if config.max_batch > 1:
             with log.stage("check batches of rows at their own lengths"):
@@ -304,6 +306,8 @@ def _trace_checked(loaded: LoadedModel, path: Path, max_context: int, config: Ex
             traced = export_decoder(loaded.model, loaded.source, path, max_context, graph, aux)
         if traced.moe_note:
             log.print(f"    {role}: {traced.moe_note}")
+        if graph == contract.ORT and role == "target":      # draft trees (design §2)
+            traced = _with_tree(traced, log)
         with log.stage(f"parity of the {role} against Hugging Face"):
             return traced, check_parity(loaded.model, traced.path, role, config.max_draft,
                                         config.dtype, max_context, graph=graph,
@@ -318,18 +322,28 @@ def _trace_checked(loaded: LoadedModel, path: Path, max_context: int, config: Ex
         return _trace_checked(loaded, path, max_context, config, contract.STANDARD, log, aux)
 
 
+def _with_tree(traced: TracedModel, log) -> TracedModel:
+    """The ort target with the tree input (graphs/tree_input.py), or without and why."""
+    from ssd_graphs.tree_input import append_tree_mask
+
+    why = append_tree_mask(traced.path)
+    if why:
+        log.print(f"    target: no draft trees ({why})")
+    return replace(traced, tree=not why, tree_note=why)
+
+
 def _trace_rows(loaded: LoadedModel, traced: TracedModel, max_context: int,
-                config: ExportConfig, log) -> tuple[Path | None, dict[str, float], str]:
+                config: ExportConfig, log) -> tuple[TracedModel | None, dict[str, float], str]:
     """The target's rows graph traced and checked against Hugging Face: (its trace, parity,
     ""), or (None, {}, why not) where ONNX Runtime or parity refuses it: never a wrong graph."""
     try:
         with log.stage("trace the target's rows graph (a batch's k+1 tokens in one call)"):
-            path = rows.trace_rows(export_decoder, loaded, traced, max_context)
+            rows_traced = rows.trace_rows(export_decoder, loaded, traced, max_context)
         with log.stage("parity of the rows graph against Hugging Face"):
-            parity = check_parity(loaded.model, path, "target rows", config.max_draft,
+            parity = check_parity(loaded.model, rows_traced.path, "target rows", config.max_draft,
                                   config.dtype, max_context, graph=contract.ROWS,
                                   aux_layers=traced.aux_layer_ids)
-        return path, parity, ""
+        return rows_traced, parity, ""
     except (SsdError, *ort_errors()) as exc:
         rows.drop(traced.path.parent)
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -399,10 +413,12 @@ def _entry(root: Path, loaded: LoadedModel, traced: TracedModel,
         source=str(loaded.source), num_layers=traced.num_layers,
         num_kv_heads=traced.num_kv_heads, head_dim=traced.head_dim,
         vocab_size=traced.vocab_size, kv_dtype=traced.kv_dtype, logits_dtype="float32",
-        inputs=contract.input_names(traced.num_layers, traced.graph),
+        inputs=contract.input_names(traced.num_layers, traced.graph)
+        + ([contract.TREE_MASK] if traced.tree else []),
         outputs=contract.output_names(traced.num_layers, traced.graph, bool(traced.aux_layer_ids))
         + ([contract.TOP_ID, contract.TOP_PROB] if traced.tops else []),
-        parameters=traced.parameters, parity=parity, graph=traced.graph, moe=traced.moe)
+        parameters=traced.parameters, parity=parity, graph=traced.graph, moe=traced.moe,
+        fused=traced.fused, tree=traced.tree, tree_note=traced.tree_note)
 
 
 def _build_info(config: ExportConfig) -> dict:

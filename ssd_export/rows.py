@@ -29,12 +29,12 @@ def refusal(traced: TracedModel, max_batch: int) -> str:
     return ""
 
 
-def trace_rows(export, loaded, target: TracedModel, max_context: int) -> Path:
+def trace_rows(export, loaded, target: TracedModel, max_context: int) -> TracedModel:
     """Trace the float rows graph into a folder beside the target's graph (before the target's
     weights are quantized: `export` is graphs.trace.export_decoder)."""
     path = target.path.parent / _TRACE / "model.onnx"
-    export(loaded.model, loaded.source, path, max_context, contract.ROWS, target.aux_layer_ids)
-    return path
+    return export(loaded.model, loaded.source, path, max_context, contract.ROWS,
+                  target.aux_layer_ids)
 
 
 def quantize_rows(traced: Path, scheme, vocab_size: int) -> None:

@@ -69,7 +69,7 @@ def check_onnxruntime(name: str, entry: ModelEntry) -> None:
     import onnxruntime as ort
 
     oldest = contract.oldest_onnxruntime(entry.graph, entry.quant, entry.moe,
-                                         entry.quant_form or contract.MATMULNBITS)
+                                         entry.quant_form or contract.MATMULNBITS, entry.fused)
     if oldest and contract.version_tuple(ort.__version__) < oldest[0]:
         need = contract.version_text(oldest[0])
         raise BackendError(f"the {name} graph has {oldest[1]}, which onnxruntime "

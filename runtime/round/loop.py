@@ -47,9 +47,10 @@ class Stats:
     earlier_accepted: int = 0
     forced: int = 0               # tokens a response_format's grammar forced, verified beside
     forced_accepted: int = 0      # the drafts (not in drafted: no one drafted them; design §4)
+    tree_rounds: int = 0          # rounds that verified a draft tree (lookup's; design §4)
+    tree_nodes: int = 0           # ... and its nodes after the root (drafted counts the depth)
     split_bets: int = 0           # split mode: rounds whose next round was drafted ahead
     split_hits: int = 0           # ... and whose bet was right
-    tree_rounds: int = 0          # rounds that verified a draft tree (observe_tree)
     verdicts: Verdicts = field(default_factory=Verdicts)   # acceptance by depth and rank
     mode: str = "sequential"
     threads: str = ""             # intra-op threads "target:draft"
@@ -87,14 +88,13 @@ class Stats:
     @property
     def nodes_per_round(self) -> float:
         """Draft nodes verified a round (a chain's k; a tree's nodes but the root)."""
-        return self.mean_k
+        return self.verdicts.nodes / self.rounds if self.rounds else 0.0
 
     def observe_tree(self, tree: Tree, path: list[int]) -> None:
-        """A round that verified `tree` and accepted `path` (its draft nodes count as drafted
-        tokens, the path as accepted ones: mean_k is then the nodes a round)."""
+        """A round that verified `tree` and accepted `path`: its nodes, and the nodes its
+        verdict judged by depth and rank (drafted and accepted count the path as a chain's)."""
         self.tree_rounds += 1
-        self.drafted += len(tree) - 1
-        self.accepted += len(path)
+        self.tree_nodes += len(tree) - 1
         self.verdicts.tree(tree, path)
 
     def as_dict(self) -> dict:
@@ -145,10 +145,18 @@ class Row:
 class Loop:
     """Rounds over a target and a draft session (their arenas' slots hold the rows)."""
 
+    # whether a row alone may verify lookup's draft trees where the target takes them (off:
+    # chains as before, for measuring one against the other: tools/tree_bench.py)
+    trees = True
+
     def __init__(self, target: ModelSession, draft: ModelSession) -> None:
         self.target, self.draft = target, draft
         self.max_context = target.max_context
         self.max_draft = target.max_new_len - 2     # the bundle's: a verification's drafts
+        # a row alone may verify a draft tree of up to this many nodes where the target takes
+        # them (ort_tree.py; design §2, §4 "Trees"), else 0
+        self.tree_nodes = self.max_draft + 1 \
+            if self.trees and getattr(target, "takes_trees", False) else 0
         # the last round's (draft seconds, draft calls, verify seconds, verified width), its
         # draft seconds without the catch-up prefills, which are `caught_up`: (tokens, seconds)
         self.last: tuple[float, int, float, int] = (0.0, 0, 0.0, 0)
@@ -189,6 +197,8 @@ class Loop:
                 # drafts as asked)
                 behind = len(row.seq) - 1 - row.drafter.draft_len
                 row.drafter.waits = behind > room or behind > FREE_CATCH_UP and not row.dry
+            row.drafter.tree_nodes = min(self.tree_nodes, self.max_context - row.target_len) \
+                if one and hasattr(row.rule, "verify_tree") else 0
             row.drafts, row.probs, row.left = row.drafter.start(row.seq, row.k)
         steps = self._draft(rows, span)
         t1 = perf_counter()
@@ -196,13 +206,17 @@ class Loop:
             row.drafter.bet(row.drafts)          # split mode: the draft works on (§7)
         logits = self._verify(rows, span)
         t2 = perf_counter()
+        tree = rows[0].drafter.tree if one else None
         self.last = (t1 - t0 - sum(s for _, s in self.caught_up), steps, t2 - t1,
-                     1 + max(len(row.drafts) for row in rows))
+                     len(tree) if tree is not None else 1 + max(len(row.drafts) for row in rows))
         emitted = []
         for row in rows:
             d = row.drafts
             rows_logits = logits if one else logits[row.slot, :len(d) + 1]
-            j, t = row.rule.verify(rows_logits, d, row.probs, row.target_len + 1)
+            if tree is not None:                 # the path taken stands in for the drafts
+                d, j, t, rows_logits = self._judge_tree(row, tree, logits)
+            else:
+                j, t = row.rule.verify(rows_logits, d, row.probs, row.target_len + 1)
             forced = row.drafter.forced_at       # the grammar's (design §4): not the schedule's
             passed = sum(i < j for i in forced)
             if cap != 0:                         # (nothing drafted: nothing to learn)
@@ -226,7 +240,8 @@ class Loop:
             st.forced_accepted += passed
             st.drafted += len(d) - len(forced)
             st.accepted += j - passed
-            st.verdicts.chain(len(d), j)
+            if tree is None:                     # (a tree's verdicts: _judge_tree)
+                st.verdicts.chain(len(d), j)
             if taken := row.drafter.from_lookup:
                 st.lookup_drafted += taken
                 st.lookup_accepted += min(j, taken)
@@ -241,6 +256,19 @@ class Loop:
             st.new_tokens = row.produced
             emitted.append(new)
         return emitted
+
+    def _judge_tree(self, row: Row, tree, logits):
+        """A tree round's verdict (rule.verify_tree: greedy walks the target's choice) as a
+        chain's: (the drafts as judged: the accepted path's tokens and, past them, the chain
+        the drafter chose; j, t; the logits of the root and the path's nodes), the path's
+        keys and values moved to the rows after the root's (compact_rows, design §3)."""
+        path, t = row.rule.verify_tree(logits, tree, [None] * (len(tree) - 1),
+                                       row.target_len + 1)
+        self.target.compact_rows(row.target_len, [0, *path], row.slot)
+        row.stats.observe_tree(tree, path)
+        taken = [int(x) for x in tree.tokens[path]]
+        drafts = taken + row.drafts[len(taken):] if len(taken) < len(row.drafts) else taken
+        return drafts, len(path), t, logits[[0, *path]]
 
     def _draft(self, rows: list[Row], span) -> int:
         """The model's tokens of every row: step i is one draft call over the rows still
@@ -365,6 +393,10 @@ class Loop:
         to the longest (row b's padding is written past its valid rows and never kept)."""
         if span is None:
             row = rows[0]
+            tree = row.drafter.tree
+            if tree is not None:                 # lookup's tree (design §4, "Trees")
+                return self.target.forward_tree(tree.tokens, tree.ancestors(), tree.depth,
+                                                row.target_len, row.slot)
             return call(self.target.forward, np.asarray([row.seq[-1], *row.drafts], np.int64),
                         row.target_len, row.slot)
         slots = max(row.slot for row in rows) + 1

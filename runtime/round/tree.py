@@ -143,17 +143,20 @@ class Verdicts:
     first candidate), chains' rounds (depth j, rank 0) and trees' (Tree.tried) alike: the
     statistics' acceptance by depth and rank (loop.Stats, ssd-bench, ssd-serve's usage)."""
 
+    nodes: int = 0                # draft nodes verified (a chain's k a round; a tree's N - 1)
     depth_tried: list[int] = field(default_factory=list)
     depth_accepted: list[int] = field(default_factory=list)
     rank_tried: list[int] = field(default_factory=list)
     rank_accepted: list[int] = field(default_factory=list)
 
     def tree(self, tree: Tree, path: list[int]) -> None:
+        self.nodes += len(tree) - 1
         for node, passed in tree.tried(path):
             self.add(int(tree.depth[node]), tree.rank(node), passed)
 
     def chain(self, drafted: int, accepted: int) -> None:
         """A chain's round: depths 1..accepted passed, the next one (if drafted) failed."""
+        self.nodes += drafted
         for depth in range(1, min(drafted, accepted + 1) + 1):
             self.add(depth, 0, depth <= accepted)
 
@@ -168,6 +171,7 @@ class Verdicts:
 
     def merge(self, other: Verdicts) -> None:
         """Add another's counts (a bench's runs, a server's requests)."""
+        self.nodes += other.nodes
         for name in ("depth_tried", "depth_accepted", "rank_tried", "rank_accepted"):
             mine, theirs = getattr(self, name), getattr(other, name)
             mine.extend([0] * (len(theirs) - len(mine)))
@@ -177,7 +181,7 @@ class Verdicts:
     def as_dict(self) -> dict:
         def rates(hits: list[int], tried: list[int]) -> list[float | None]:
             return [h / t if t else None for h, t in zip(hits, tried)]
-        return {"depth_tried": list(self.depth_tried), "depth_accepted": list(self.depth_accepted),
+        return {"nodes": self.nodes, "depth_tried": list(self.depth_tried), "depth_accepted": list(self.depth_accepted),
                 "rank_tried": list(self.rank_tried), "rank_accepted": list(self.rank_accepted),
                 "acceptance_by_depth": rates(self.depth_accepted, self.depth_tried),
                 "acceptance_by_rank": rates(self.rank_accepted, self.rank_tried)}

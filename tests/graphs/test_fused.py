@@ -154,3 +154,25 @@ def test_a_packed_projections_columns_are_the_separate_ones_bit_for_bit(bits):
         x = rng.standard_normal((1, rows, K)).astype(np.float32)
         (both,) = packed.run(None, {"x": x})
         assert (np.concatenate(separate.run(None, {"x": x}), axis=-1) == both).all(), rows
+
+
+def test_a_fused_bundle_says_so_and_an_onnxruntime_without_opset_23_is_refused_by_name(
+        bundle_factory, monkeypatch):
+    """The manifest records the fused layer (schema 12), and an onnxruntime that would refuse
+    opset 23 with an error of its own gets the runtime's, naming the release and the fix."""
+    from ssd_runtime import Generator
+    from ssd_runtime.errors import BackendError
+    from ssd_runtime.manifest import read_manifest
+
+    bundle = bundle_factory("llama", "llama_cut", graph="static")
+    manifest = read_manifest(bundle)
+    assert manifest.target.fused and manifest.target.graph == "static"
+    ops = {n.op_type for n in onnx.load(str(bundle / manifest.target.path),
+                                        load_external_data=False).graph.node}
+    assert {"Attention", "RotaryEmbedding"} <= ops
+    monkeypatch.setattr("onnxruntime.__version__", "1.22.1")
+    with pytest.raises(BackendError, match=r"the target graph has the fused layer's opset-23 "
+                                           r"operators, which onnxruntime 1\.22\.1 runs wrongly "
+                                           r"or not at all \(it needs 1\.23 or newer\).*"
+                                           r"pip install -U 'onnxruntime>=1\.23'"):
+        Generator.load(bundle)

@@ -73,10 +73,13 @@ def test_the_verdicts_judged_nodes_by_depth_and_rank():
     stats.observe_tree(tree, [second, below])
     stats.verdicts.chain(4, 2)                         # a chain: depths 1, 2 pass, 3 fails
     out = stats.as_dict()
-    assert stats.tree_rounds == 1 and stats.drafted == len(tree) - 1 and stats.accepted == 2
+    assert stats.tree_rounds == 1 and stats.tree_nodes == len(tree) - 1
+    stats.rounds = 2
+    assert stats.verdicts.nodes == len(tree) - 1 + 4
+    assert stats.nodes_per_round == (len(tree) - 1 + 4) / 2
     assert out["depth_tried"] == [3, 2, 1] and out["depth_accepted"] == [2, 2, 0]
     assert out["acceptance_by_rank"] == [3 / 5, 1.0]
-    assert "verdicts" not in out and out["nodes_per_round"] == stats.mean_k
+    assert "verdicts" not in out
     total = Verdicts()
     total.merge(stats.verdicts)
     total.merge(stats.verdicts)
