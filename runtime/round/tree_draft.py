@@ -128,6 +128,27 @@ def branch_step(draft, seq: list[int], draft_len: int, slot: int = 0,
     return step
 
 
+def tree_step(draft, seq: list[int], draft_len: int, slot: int = 0,
+              ids: Callable[[list[int]], np.ndarray] | None = None, cut: int | None = None):
+    """A `step` for a draft graph that takes a tree (`forward_tree`, as the ort target does,
+    backends/ort_tree.py): each level is one call over the whole tree drafted so far, root
+    first at `draft_len` (a weight-bound call of a few rows costs about a step), each node
+    attending the committed rows and its own path. Its rows past draft_len are scratch, as
+    branch_step's. The draft must have seen every token but the root (seq[-1])."""
+    if draft_len != len(seq) - 1:
+        raise ValueError(f"tree_step: the draft has seen {draft_len} tokens of {len(seq)}; "
+                         f"catch it up to all but the root first (Drafter.catch_up).")
+    if not getattr(draft, "takes_trees", False):
+        raise ValueError("tree_step: this draft graph takes no tree; use branch_step.")
+    as_ids = ids or (lambda tokens: np.asarray(tokens, np.int64))
+
+    def step(tree: Tree, nodes: list[int]) -> np.ndarray:
+        logits = draft.forward_tree(as_ids(tree.tokens.tolist()), tree.ancestors(), tree.depth,
+                                    draft_len, slot)                    # (N, V)
+        return np.array(np.asarray(logits)[nodes], np.float32)[:, :cut]
+    return step
+
+
 def top_candidates(keys: np.ndarray, q: np.ndarray, count: int) -> list[int]:
     """The `count` ids of highest `keys` among those q gives mass, best first (ties: lower
     id first)."""

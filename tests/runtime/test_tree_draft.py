@@ -202,3 +202,35 @@ def test_real_pair_sampled_trees_follow_the_target(small):
         samples.append(first_two(seq[len(prompt):]))
     p = joint_p(samples, hf_joint(target_dir, setting))
     assert p > 1e-3, f"real drafted trees do not follow the target (chi-square p={p:.2g})"
+
+
+# ---- a draft graph that takes a tree: the tree bundle's ort target stands in as its own draft
+
+def test_tree_step_drafts_what_branch_step_does_and_rounds_give_k0(bundle_factory):
+    from ssd_runtime.round.tree_draft import tree_step
+
+    gen = Generator.load(bundle_factory("llama", "llama_cut"), backend="cpu", threads=1)
+    target = gen.target
+    assert target.takes_trees
+    prompt = [3, 17, 44, 9, 120, 7, 7, 31, 250, 12, 5, 88]
+    alone = gen.generate(prompt, max_new_tokens=16, k=0).token_ids
+    rule, seq, accepted, rounds = GreedyAcceptance(), list(prompt), 0, 0
+    shape = TreeShape(8, 3, 3, 2)
+    while len(seq) - len(prompt) < len(alone):
+        target.prefill(np.asarray(seq[:-1], np.int64), 0)
+        by_tree = expand(seq[-1], tree_step(target, seq, len(seq) - 1), shape,
+                         rule.draft_candidates, len(seq))
+        by_branch = expand(seq[-1], branch_step(target, seq, len(seq) - 1), shape,
+                           rule.draft_candidates, len(seq))
+        tree = by_tree.tree
+        assert tree.tokens.tolist() == by_branch.tree.tokens.tolist()
+        np.testing.assert_allclose(by_tree.values, by_branch.values, rtol=1e-4)
+        logits = np.array(target.forward_tree(tree.tokens, tree.ancestors(), tree.depth,
+                                              len(seq) - 1))
+        path, t = rule.verify_tree(logits, tree, by_tree.probs, len(seq))
+        seq += [*tree.pending(path[-1]), t] if path else [t]
+        accepted, rounds = accepted + len(path), rounds + 1
+    assert seq[len(prompt):][:len(alone)] == alone
+    assert accepted >= 2 * rounds                  # its own draft: a whole branch passes
+    with pytest.raises(ValueError, match="catch it up"):
+        tree_step(target, seq, 0)
