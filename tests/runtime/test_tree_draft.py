@@ -234,3 +234,43 @@ def test_tree_step_drafts_what_branch_step_does_and_rounds_give_k0(bundle_factor
     assert accepted >= 2 * rounds                  # its own draft: a whole branch passes
     with pytest.raises(ValueError, match="catch it up"):
         tree_step(target, seq, 0)
+
+
+@pytest.mark.parametrize("setting", [{}, {"temperature": 0.9, "seed": 5}], ids=["greedy", "inv"])
+def test_structured_output_masks_each_node_by_its_path(bundle_factory, setting):
+    """A response_format's mask on every node (its path's tokens pending): the drafted trees
+    propose only allowed tokens, and the output is the constrained target alone's."""
+    pytest.importorskip("llguidance", reason="structured outputs need llguidance")
+    from ssd_runtime.request import make_rule
+    from test_structured import FORMAT, _valid
+
+    gen = Generator.load(bundle_factory("llama", "llama_cut"), backend="cpu", threads=1)
+    target, draft = gen.target, gen.draft
+    prompt = [0, 17, 42, 99, 17, 42]
+    alone = gen.generate(prompt, max_new_tokens=60, k=0, response_format=FORMAT, **setting)
+    params = SamplingParams(coupling="invariant", **setting) if setting else SamplingParams()
+    vocab = gen.manifest.target.vocab_size
+    rule = make_rule(params, None, prompt, vocab, gen.eos_ids, gen.constraint(FORMAT))
+    seq, accepted = list(prompt), 0
+    while len(seq) - len(prompt) < 60 and seq[-1] not in gen.eos_ids:
+        target.prefill(np.asarray(seq[:-1], np.int64), 0)
+        draft.prefill(np.asarray(seq[:-1], np.int64), 0)
+        drafted = expand(seq[-1], branch_step(draft, seq, len(seq) - 1), TreeShape(8, 3, 3, 2),
+                         rule.draft_candidates, len(seq))
+        tree = drafted.tree
+        matcher = rule.processors.matcher
+        for i in range(1, len(tree)):             # each candidate allowed after its parent's path
+            allowed = matcher.allowed(vocab, tree.pending(int(tree.parents[i])))
+            assert allowed is None or allowed[tree.tokens[i]]
+        logits = np.array(target.forward_tree(tree.tokens, tree.ancestors(), tree.depth,
+                                              len(seq) - 1))
+        path, t = rule.verify_tree(logits, tree, drafted.probs, len(seq))
+        new = [*tree.pending(path[-1]), t] if path else [t]
+        ended = next((i for i, x in enumerate(new) if x in gen.eos_ids), None)
+        new = new if ended is None else new[:ended + 1]
+        seq += new
+        rule.commit(new)
+        accepted += len(path)
+    assert seq[len(prompt):] == alone.token_ids
+    _valid(alone.text)
+    assert accepted > 0
