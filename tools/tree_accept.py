@@ -3,7 +3,7 @@ and sessions, and the tree planner's choice on this machine (issue 56).
 
     python tools/tree_accept.py BUNDLE [--prompts FILE] [--max-new-tokens 64] [--threads 2]
                                 [--shapes 9x1x8x1,5x1x4x1,8x2x4x2,10x3x3x3,10x2x6x2]
-                                [--json out.json]
+                                [--temperature T [--sampled]] [--json out.json]
 
 Greedy. A shape is NODESxWIDTHxDEPTHxBEAM (tree_draft.TreeShape; width 1: a chain of
 NODES - 1 drafts). Each round drafts with tree_draft.expand — the draft's rows by tree_step
@@ -11,7 +11,10 @@ where its graph takes a tree, else branch_step (one chain call per expanded node
 verifies with GreedyAcceptance.verify_tree over the target's rows (forward_tree where the
 target takes trees, else one chain call per leaf: the same logits, so the same verdicts). Every
 run's tokens are compared with k = 0's (partings: runs that differ). Reported per shape:
-rounds, accepted and nodes per round, acceptance by depth and by rank. Then a TreeAcceptance
+rounds, accepted and nodes per round, acceptance by depth and by rank. `--temperature`:
+sampling with the rejection rule instead (SamplingAcceptance.verify_tree, seeded per prompt;
+no partings: the tokens are the target's law, not k = 0's), the candidates the draft's top-m
+(point masses), or with `--sampled` drawn from its q without replacement. Then a TreeAcceptance
 learnt from the widest shape's verdicts, v(N) timed on the target (calibration.calibrate_rows,
 N = 1 .. the bundle's verification width), c and c1 from the runtime's calibration, and
 plan_tree's choice against its best chain with that acceptance. Calls are timed by nothing
@@ -28,8 +31,9 @@ import numpy as np
 
 from ssd_runtime import Generator
 from ssd_runtime.bench import load_prompts
-from ssd_runtime.round.acceptance import GreedyAcceptance
+from ssd_runtime.round.acceptance import GreedyAcceptance, SamplingAcceptance
 from ssd_runtime.round.tree import Tree, Verdicts
+from ssd_runtime.round.sampling import SamplingParams
 from ssd_runtime.round.tree_draft import TreeShape, branch_step, expand, tree_step
 from ssd_runtime.scheduler.calibration import calibrate_rows
 from ssd_runtime.scheduler.tree_plan import TreeAcceptance, plan_tree, verify_from_times
@@ -52,17 +56,18 @@ def target_rows(target, seq: list[int], tree: Tree) -> np.ndarray:
 
 
 def decode(gen: Generator, prompt: list[int], shape: TreeShape, max_new: int,
-           learnt: TreeAcceptance | None) -> tuple[list[int], int, Verdicts]:
-    """Greedy tokens, rounds and verdicts of one prompt drafted with `shape`."""
+           learnt: TreeAcceptance | None, rule, sampled: bool = False
+           ) -> tuple[list[int], int, Verdicts]:
+    """Tokens, rounds and verdicts of one prompt drafted with `shape`, judged by `rule`."""
     target, draft = gen.target, gen.draft
     cut = gen.manifest.target.vocab_size
-    rule, seq, rounds, verdicts = GreedyAcceptance(), list(prompt), 0, Verdicts()
+    seq, rounds, verdicts = list(prompt), 0, Verdicts()
     while len(seq) - len(prompt) < max_new:
         target.prefill(np.asarray(seq[:-1], np.int64), 0)
         draft.prefill(np.asarray(seq[:-1], np.int64), 0)
         step = tree_step if getattr(draft, "takes_trees", False) else branch_step
         drafted = expand(seq[-1], step(draft, seq, len(seq) - 1, cut=cut), shape,
-                         rule.draft_candidates, len(seq))
+                         rule.draft_candidates, len(seq), sampled)
         tree = drafted.tree
         path, t = rule.verify_tree(target_rows(target, seq, tree), tree, drafted.probs, len(seq))
         seq += [*tree.pending(path[-1]), t] if path else [t]
@@ -84,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--shapes", default=SHAPES)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--sampled", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     shapes = [TreeShape(*(int(x) for x in s.split("x"))) for s in args.shapes.split(",")]
@@ -98,10 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for shape in shapes:
         total, rounds, partings, tokens = Verdicts(), 0, 0, 0
-        for p, want in zip(prompts, alone):
+        for i, (p, want) in enumerate(zip(prompts, alone)):
+            rule = GreedyAcceptance() if not args.temperature else SamplingAcceptance(
+                SamplingParams(temperature=args.temperature, seed=i, coupling="rejection"))
             got, r, v = decode(gen, p, shape, args.max_new_tokens,
-                               learnt if shape == widest else None)
-            partings += got != want[:len(got)] or len(got) < len(want)
+                               learnt if shape == widest else None, rule, args.sampled)
+            if not args.temperature:
+                partings += got != want[:len(got)] or len(got) < len(want)
             rounds, tokens = rounds + r, tokens + len(got)
             total.merge(v)
         found = total.as_dict()
@@ -125,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = plan_tree(learnt, v, cost.c_first, cost.c, width)
     chain = plan_tree(learnt, v, cost.c_first, cost.c, width, max_width=1)
     report = {"bundle": args.bundle, "prompts": len(prompts), "max_new_tokens":
-              args.max_new_tokens, "threads": args.threads, "shapes": rows,
+              args.max_new_tokens, "threads": args.threads, "temperature": args.temperature,
+              "sampled": args.sampled, "shapes": rows,
               "tree_over_chain": best_tree["accepted_per_round"] / best_chain["accepted_per_round"]
               if best_tree and best_chain else None,
               "v": {n: v(n) for n in times}, "c": cost.c, "c_first": cost.c_first,

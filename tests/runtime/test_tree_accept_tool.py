@@ -27,3 +27,19 @@ def test_short_run_on_a_tiny_tree_bundle(bundle_factory, tmp_path):
         assert r["nodes_per_round"] <= int(r["shape"].split("x")[0]) - 1
     assert data["v"]["1"] == 1.0 and data["plan"]["nodes"] >= 1
     assert "best tree / best chain" in res.stdout
+
+
+def test_sampling_run(bundle_factory, tmp_path):
+    bundle = bundle_factory("llama", "llama_cut")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "def f(x):"}\n')
+    out = tmp_path / "trees.json"
+    res = subprocess.run(
+        [sys.executable, str(TOOL), str(bundle), "--prompts", str(prompts),
+         "--max-new-tokens", "8", "--threads", "1", "--shapes", "4x1x3x1,7x3x2x2",
+         "--temperature", "1", "--sampled", "--json", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["temperature"] == 1 and data["sampled"]
+    assert all(r["rounds"] > 0 and r["partings"] == 0 for r in data["shapes"])
