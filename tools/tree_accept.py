@@ -6,7 +6,9 @@ and sessions, and the tree planner's choice on this machine (issue 56).
                                 [--temperature T [--sampled]] [--json out.json]
 
 Greedy. A shape is NODESxWIDTHxDEPTHxBEAM (tree_draft.TreeShape; width 1: a chain of
-NODES - 1 drafts). Each round drafts with tree_draft.expand — the draft's rows by tree_step
+NODES - 1 drafts); with a trailing L its nodes are valued by the acceptance learnt so far (per
+depth and rank, TreeAcceptance.chance) instead of the draft's q (put it after the widest
+shape, whose run it learns from). Each round drafts with tree_draft.expand — the draft's rows by tree_step
 where its graph takes a tree, else branch_step (one chain call per expanded node) — and
 verifies with GreedyAcceptance.verify_tree over the target's rows (forward_tree where the
 target takes trees, else one chain call per leaf: the same logits, so the same verdicts). Every
@@ -56,7 +58,7 @@ def target_rows(target, seq: list[int], tree: Tree) -> np.ndarray:
 
 
 def decode(gen: Generator, prompt: list[int], shape: TreeShape, max_new: int,
-           learnt: TreeAcceptance | None, rule, sampled: bool = False
+           learnt: TreeAcceptance | None, rule, sampled: bool = False, chance=None
            ) -> tuple[list[int], int, Verdicts]:
     """Tokens, rounds and verdicts of one prompt drafted with `shape`, judged by `rule`."""
     target, draft = gen.target, gen.draft
@@ -67,7 +69,7 @@ def decode(gen: Generator, prompt: list[int], shape: TreeShape, max_new: int,
         draft.prefill(np.asarray(seq[:-1], np.int64), 0)
         step = tree_step if getattr(draft, "takes_trees", False) else branch_step
         drafted = expand(seq[-1], step(draft, seq, len(seq) - 1, cut=cut), shape,
-                         rule.draft_candidates, len(seq), sampled)
+                         rule.draft_candidates, len(seq), sampled, chance)
         tree = drafted.tree
         path, t = rule.verify_tree(target_rows(target, seq, tree), tree, drafted.probs, len(seq))
         seq += [*tree.pending(path[-1]), t] if path else [t]
@@ -93,29 +95,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sampled", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    shapes = [TreeShape(*(int(x) for x in s.split("x"))) for s in args.shapes.split(",")]
+    names = args.shapes.split(",")
+    shapes = [TreeShape(*(int(x) for x in s.rstrip("L").split("x"))) for s in names]
     gen = Generator.load(args.bundle, backend="cpu", threads=(args.threads, args.threads))
     width = gen.target.max_new_len
     if max(s.nodes for s in shapes) > width:
         sys.exit(f"a shape has more nodes than the bundle verifies at once ({width}).")
     prompts = [gen.encode(p) for p in load_prompts(args.prompts)]
     alone = [gen.generate(p, max_new_tokens=args.max_new_tokens, k=0).token_ids for p in prompts]
-    widest = max(shapes, key=lambda s: (s.width, s.nodes))
+    widest = max(range(len(shapes)), key=lambda i: (shapes[i].width, shapes[i].nodes,
+                                                    not names[i].endswith("L")))
     learnt = TreeAcceptance(alpha=gen.manifest.pair_worth.get("alpha") or 0.5)
     rows = []
-    for shape in shapes:
+    for at, (name, shape) in enumerate(zip(names, shapes)):
+        chance = learnt.chance if name.endswith("L") else None
         total, rounds, partings, tokens = Verdicts(), 0, 0, 0
         for i, (p, want) in enumerate(zip(prompts, alone)):
             rule = GreedyAcceptance() if not args.temperature else SamplingAcceptance(
                 SamplingParams(temperature=args.temperature, seed=i, coupling="rejection"))
             got, r, v = decode(gen, p, shape, args.max_new_tokens,
-                               learnt if shape == widest else None, rule, args.sampled)
+                               learnt if at == widest else None, rule, args.sampled, chance)
             if not args.temperature:
                 partings += got != want[:len(got)] or len(got) < len(want)
             rounds, tokens = rounds + r, tokens + len(got)
             total.merge(v)
         found = total.as_dict()
-        rows.append({"shape": f"{shape.nodes}x{shape.width}x{shape.depth}x{shape.beam}",
+        rows.append({"shape": name,
                      "chain": shape.width == 1, "rounds": rounds, "partings": partings,
                      "accepted_per_round": (tokens - rounds) / rounds,
                      "tokens_per_round": tokens / rounds, "nodes_per_round": total.nodes / rounds,

@@ -61,7 +61,8 @@ class DraftTree:
 
 
 def expand(root: int, step: Callable[[Tree, list[int]], np.ndarray], shape: TreeShape,
-           pick: Pick, position: int, sampled: bool = False) -> DraftTree:
+           pick: Pick, position: int, sampled: bool = False,
+           chance: Callable[[float, int, int], float] | None = None) -> DraftTree:
     """Draft a tree after `root` (its children sit at `position`).
 
     Each level feeds the `beam` frontier nodes of highest path probability to `step` and
@@ -71,7 +72,14 @@ def expand(root: int, step: Callable[[Tree, list[int]], np.ndarray], shape: Tree
     tree). Sampled
     candidates (`sampled`: `pick` draws without replacement and returns q) are never cut by
     their own value, which would bias them: each level gives the frontier's nodes, in order of
-    their value, as many children as the budget left allows, decided before they are drawn."""
+    their value, as many children as the budget left allows, decided before they are drawn.
+
+    A node's value is its parent's times its own chance: the draft's q of it by default (the
+    path probability, calibrated where acceptance follows q, as under sampling), or
+    `chance(q, depth, rank)`, e.g. the planner's learnt chance of a rank at a depth
+    (tree_plan.TreeAcceptance.chance): under greedy a draft close to the target passes its
+    first guess far more often than its q says, and the q-product would trade its deep nodes
+    for siblings that seldom pass."""
     tokens, parents, depth = [int(root)], [-1], [0]
     values, probs = [1.0], [None]
     frontier = [0]
@@ -90,11 +98,12 @@ def expand(root: int, step: Callable[[Tree, list[int]], np.ndarray], shape: Tree
                     break
             chosen, q_of, q = pick(row, count, position + depth[u], partial.pending(u), u,
                                    sampled)
-            for t, v in zip(chosen, q_of):
+            for rank, (t, v) in enumerate(zip(chosen, q_of)):
                 tokens.append(int(t))
                 parents.append(u)
                 depth.append(depth[u] + 1)
-                values.append(values[u] * float(v))
+                factor = float(v) if chance is None else chance(float(v), depth[u] + 1, rank)
+                values.append(values[u] * factor)
                 probs.append(q)
                 new.append(len(tokens) - 1)
         frontier = sorted(new, key=lambda i: -values[i])[:shape.beam]

@@ -43,6 +43,15 @@ class TreeAcceptance:
         start = self.alpha / (r + 1)
         return (self.hits[d][r] + self.prior * start) / (self.tried[d][r] + self.prior)
 
+    def chance(self, q: float, depth: int, rank: int) -> float:
+        """P(the rank-`rank` candidate at `depth` passes | its parent did): a[d][r] times the
+        chance that every earlier rank failed; `q` (the draft's probability of it) unused.
+        tree_draft.expand's `chance`, so that a drafted tree has the plan's shape."""
+        out = self.rate(depth, rank)
+        for s in range(rank):
+            out *= 1 - self.rate(depth, s)
+        return out
+
     def observe(self, tree: Tree, path: Sequence[int]) -> None:
         """A round's verdict over a tree: the nodes it judged (Tree.tried), each counted at its
         depth and rank."""

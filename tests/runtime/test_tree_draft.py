@@ -274,3 +274,22 @@ def test_structured_output_masks_each_node_by_its_path(bundle_factory, setting):
     assert seq[len(prompt):] == alone.token_ids
     _valid(alone.text)
     assert accepted > 0
+
+
+def test_a_learnt_chance_in_place_of_q_gives_the_plans_shape():
+    from ssd_runtime.scheduler.tree_plan import DEPTHS, RANKS, TreeAcceptance
+
+    def learnt(first: float, later: float) -> TreeAcceptance:
+        acc = TreeAcceptance()
+        for d in range(DEPTHS):
+            acc.tried[d] = [1e9] * RANKS
+            acc.hits[d] = [1e9 * first] + [1e9 * later] * (RANKS - 1)
+        return acc
+    shape, rule = TreeShape(6, 3, 5, 2), GreedyAcceptance()
+    sure = expand(3, table_step(PROMPT), shape, rule.draft_candidates, 2,
+                  chance=learnt(0.99, 0.01).chance)
+    chain = expand(3, table_step(PROMPT), TreeShape(6, 1, 5, 1), rule.draft_candidates, 2)
+    assert sure.tree.is_chain() and sure.tree.tokens.tolist() == chain.tree.tokens.tolist()
+    bushy = expand(3, table_step(PROMPT), shape, rule.draft_candidates, 2,
+                   chance=learnt(0.3, 0.6).chance)
+    assert len(bushy.tree.children(0)) == 3 and bushy.tree.depth.max() <= 2
