@@ -1,4 +1,4 @@
-"""Drafting a tree (docs/design.md §5, §6): depth by depth, the candidates of highest path
+"""Drafting a tree (docs/design.md §6): depth by depth, the candidates of highest path
 probability, each expanded node giving its own top-m, under a node budget (EAGLE-2's dynamic
 tree). `expand` is a function over the draft's per-node distributions: `step(tree, nodes)`
 gives the rows of logits for `nodes` of the tree drafted so far, from a draft graph that takes
@@ -65,11 +65,10 @@ def expand(root: int, step: Callable[[Tree, list[int]], np.ndarray], shape: Tree
            chance: Callable[[float, int, int], float] | None = None) -> DraftTree:
     """Draft a tree after `root` (its children sit at `position`).
 
-    Each level feeds the `beam` frontier nodes of highest path probability to `step` and
-    takes `width` candidates of each (its own top-m, `pick`). Deterministic candidates (point
-    masses: `sampled` False) are then cut to the `nodes` budget by path probability over all
-    levels (EAGLE-2's rerank: a node's value is at most its parent's, so the kept nodes form a
-    tree). Sampled
+    Each level feeds the `beam` frontier nodes of highest value to `step` and takes `width`
+    candidates of each (its own top-m, `pick`). Deterministic candidates (point masses:
+    `sampled` False) are then cut to the `nodes` budget by value over all levels (EAGLE-2's
+    rerank: a node's value is at most its parent's, so the kept nodes form a tree). Sampled
     candidates (`sampled`: `pick` draws without replacement and returns q) are never cut by
     their own value, which would bias them: each level gives the frontier's nodes, in order of
     their value, as many children as the budget left allows, decided before they are drawn.
@@ -120,7 +119,7 @@ def branch_step(draft, seq: list[int], draft_len: int, slot: int = 0,
                 ids: Callable[[list[int]], np.ndarray] | None = None, cut: int | None = None):
     """A `step` for a draft without a tree graph: one chain call per node, over what the draft
     has not seen (seq[draft_len:], the root last) and the node's path, at `draft_len`. Its
-    rows past draft_len are scratch (each call overwrites them; design §5: the draft's tree
+    rows past draft_len are scratch (each call overwrites them; design §6: the draft's tree
     KV): the drafter's draft_len does not move, and the next round's first call feeds the
     accepted tokens as a chain does after a rejection. `ids` and `cut`: the drafter's (ids the
     draft lacks, rows past the target's vocabulary)."""
