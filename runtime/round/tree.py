@@ -181,7 +181,8 @@ class Verdicts:
     def as_dict(self) -> dict:
         def rates(hits: list[int], tried: list[int]) -> list[float | None]:
             return [h / t if t else None for h, t in zip(hits, tried)]
-        return {"nodes": self.nodes, "depth_tried": list(self.depth_tried), "depth_accepted": list(self.depth_accepted),
+        return {"nodes": self.nodes, "depth_tried": list(self.depth_tried),
+                "depth_accepted": list(self.depth_accepted),
                 "rank_tried": list(self.rank_tried), "rank_accepted": list(self.rank_accepted),
                 "acceptance_by_depth": rates(self.depth_accepted, self.depth_tried),
                 "acceptance_by_rank": rates(self.rank_accepted, self.rank_tried)}
