@@ -279,3 +279,27 @@ def test_the_fused_heads_rules_judge_trees_as_the_host_rules(bundle_factory):
     for sampled in (False, True):
         assert fused_sampling.draft_candidates(row, 3, 7, [], 2, sampled)[0] == \
             sampling.draft_candidates(row, 3, 7, [], 2, sampled)[0]
+
+
+def test_logprobs_along_the_accepted_path_are_the_targets_own():
+    """Rows [0, *path] of a tree's verification give the emitted tokens' log-probabilities,
+    as k = 0 reads them from each token's own context."""
+    from ssd_runtime.round.logprobs import Logprobs
+
+    rng, rule = np.random.default_rng(5), GreedyAcceptance()
+    alone = greedy_alone(GreedyAcceptance, 12)
+    seq, got = list(PROMPT), Logprobs(top=3)
+    while len(seq) - len(PROMPT) < 12:
+        done = len(seq) - len(PROMPT)
+        tree = random_tree(rng, tuple(seq), hit=alone[done:done + 3])
+        logits = rows(tree, tuple(seq))
+        path, t = rule.verify_tree(logits, tree, [None] * (len(tree) - 1), len(seq))
+        new = [*tree.pending(path[-1]), t] if path else [t]
+        got.add(logits[[0, *path]], new)
+        seq += new
+    want, context = Logprobs(top=3), list(PROMPT)
+    for token in seq[len(PROMPT):]:
+        want.add(target_logits(tuple(context))[None], [token])
+        context.append(token)
+    assert [(x.token, x.top) for x in got.tokens] == [(x.token, x.top) for x in want.tokens]
+    np.testing.assert_allclose([x.logprob for x in got.tokens], [x.logprob for x in want.tokens])
