@@ -140,6 +140,14 @@ def plan_tree(acc: TreeAcceptance, verify: Callable[[int], float], c_first: floa
     return best
 
 
+def plan_for(acc: TreeAcceptance, cost: CostModel, max_nodes: int,
+             draft_calls: Literal["levels", "nodes"] = "levels") -> TreePlan:
+    """plan_tree from a generator's calibration (Knowledge.cost_model): its v(k) as v(N) (N =
+    k + 1 rows; past its last k, verify_steps goes on) and its c₁ and c."""
+    return plan_tree(acc, verify_steps(cost), cost.c_first, cost.c, max_nodes,
+                     draft_calls=draft_calls)
+
+
 def plan_batch(accs: Sequence[TreeAcceptance], verify: Callable[[int], float], c_first: float,
                c: float, max_nodes: int, max_depth: int = 8, max_width: int = 4
                ) -> tuple[int, list[TreePlan]]:

@@ -9,7 +9,7 @@ import pytest
 from ssd_runtime.round.tree import Tree
 from ssd_runtime.scheduler.cost import CostModel
 from ssd_runtime.scheduler.tree_plan import (DEPTHS, RANKS, TreeAcceptance, best_nodes,
-                                             plan_batch, plan_tree, verify_steps)
+                                             plan_batch, plan_for, plan_tree, verify_steps)
 
 # v(N) of the float32 SmolLM2-135M (issue 56: 1.01, 1.17, 1.24, 1.31, 1.64, 2.64 at N = 2, 4,
 # 8, 12, 16, 32), interpolated: a weight-bound call that turns compute-bound past ~12 rows
@@ -151,3 +151,10 @@ def test_a_draft_without_a_tree_graph_pays_a_call_per_expanded_node():
     expanded = len({parent for *_, parent in chosen})
     cost = 0.3 + (expanded - 1) * 0.3 + v(nodes.nodes)
     assert nodes.speedup == pytest.approx((1 + nodes.expected) / cost)
+
+
+def test_plan_for_reads_a_generators_calibration():
+    cost = CostModel(target_step=0.01, draft_step=0.001, verify=tuple(
+        0.01 * (1 + 0.02 * k) for k in range(9)), draft_first=0.002)
+    acc = learnt([[0.5, 0.4, 0.3]])
+    assert plan_for(acc, cost, 9) == plan_tree(acc, verify_steps(cost), 0.2, 0.1, 9)
