@@ -303,11 +303,13 @@ def _trace_checked(loaded: LoadedModel, path: Path, max_context: int, config: Ex
     role = loaded.role
     try:
         with log.stage(f"trace the {role} ({loaded.architecture}, {graph} graph)"):
-            traced = export_decoder(loaded.model, loaded.source, path, max_context, graph, aux)
+            # a target takes draft trees where its flavour can (design §2, "Trees")
+            traced = export_decoder(loaded.model, loaded.source, path, max_context, graph, aux,
+                                    tree=role == "target")
         if traced.moe_note:
             log.print(f"    {role}: {traced.moe_note}")
-        if graph == contract.ORT and role == "target":      # draft trees (design §2)
-            traced = _with_tree(traced, log)
+        if traced.tree_note:
+            log.print(f"    {role}: no draft trees ({traced.tree_note})")
         with log.stage(f"parity of the {role} against Hugging Face"):
             return traced, check_parity(loaded.model, traced.path, role, config.max_draft,
                                         config.dtype, max_context, graph=graph,
@@ -320,16 +322,6 @@ def _trace_checked(loaded: LoadedModel, path: Path, max_context: int, config: Ex
         log.print(f"    {role}: the ort flavour does not fit ({why}); using the standard graph")
         shutil.rmtree(path.parent, ignore_errors=True)
         return _trace_checked(loaded, path, max_context, config, contract.STANDARD, log, aux)
-
-
-def _with_tree(traced: TracedModel, log) -> TracedModel:
-    """The ort target with the tree input (graphs/tree_input.py), or without and why."""
-    from ssd_graphs.tree_input import append_tree_mask
-
-    why = append_tree_mask(traced.path)
-    if why:
-        log.print(f"    target: no draft trees ({why})")
-    return replace(traced, tree=not why, tree_note=why)
 
 
 def _trace_rows(loaded: LoadedModel, traced: TracedModel, max_context: int,

@@ -1,6 +1,6 @@
 """Verification cost v(N) of a target with and without the tree input, side by side.
 
-    python tools/tree_cost.py CHAIN_BUNDLE TREE_BUNDLE [--past 128] [--rounds 5]
+    python tools/tree_cost.py CHAIN_BUNDLE TREE_BUNDLE [--past 128] [--rounds 5] [--cpu-time]
                               [--widths 1,2,4,8,12,16,32] [--threads 2] [--json out.json]
 
 CHAIN_BUNDLE's target is a graph without contract.TREE_MASK (as exported before schema 12),
@@ -13,6 +13,10 @@ chain's cost if the mask costs nothing). Reported per variant and N: the median 
 of each round's median call, its spread, and v(N) = that over the same variant's N = 1. The
 sessions are the runtime's own (IO-bound, the arena in place); the manifests are read
 without checking files (a tree bundle made by graphs/tree_input.py over a copy).
+
+`--cpu-time` (with `--threads 1`): each call's CPU time of the calling thread instead of its
+wall time (ONNX Runtime runs a one-thread graph on the caller's thread): the work of the call,
+without the waits of a machine loaded by others.
 """
 from __future__ import annotations
 
@@ -66,8 +70,13 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--widths", default="1,2,4,8,12,16,32")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--cpu-time", action="store_true",
+                   help="time each call's CPU time on the calling thread (with --threads 1)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
+    if args.cpu_time and args.threads != 1:
+        p.error("--cpu-time needs --threads 1: ONNX Runtime's pool threads are not the caller's")
+    clock = time.thread_time if args.cpu_time else time.perf_counter
     widths = [int(w) for w in args.widths.split(",")]
     old, new = (session(b, args.threads, max(widths)) for b in (args.chain, args.tree))
     if old.takes_trees or not new.takes_trees:
@@ -90,12 +99,13 @@ def main() -> None:
                 run(n, ids)                                 # warm
             for _ in range(CALLS):
                 for v, run in variants.items():
-                    start = time.perf_counter()
+                    start = clock()
                     run(n, ids)
-                    calls[v].append((time.perf_counter() - start) * 1e3)
+                    calls[v].append((clock() - start) * 1e3)
             for v in variants:
                 times[v, n].append(statistics.median(calls[v]))
     result = {"past": args.past, "rounds": args.rounds, "calls": CALLS, "threads": args.threads,
+              "cpu_time": args.cpu_time,
               "chain_bundle": str(args.chain), "tree_bundle": str(args.tree), "variants": {}}
     for v in variants:
         base = statistics.median(times[v, widths[0]])

@@ -18,23 +18,29 @@ class OrtTreeMixin:
     """forward_tree, compact_rows and the tree mask's buffer and binding."""
 
     def _init_tree(self, width: int) -> None:
-        self.takes_trees = contract.TREE_MASK in {i.name for i in self.session.get_inputs()}
+        # the graph's input (bound on every call), and whether a tree may be verified here (a
+        # backend that cannot move its arenas' rows says no: ort_cuda.py)
+        self._mask_input = contract.TREE_MASK in {i.name for i in self.session.get_inputs()}
+        self.takes_trees = self._mask_input
         side = max(width, PREFILL_CHUNK)
         # (B, T, T) bool, flat: B·T·T <= max(max_batch·max_new_len², PREFILL_CHUNK²)
-        size = max(self.max_batch * self.max_new_len ** 2, side * side) if self.takes_trees else 0
+        size = max(self.max_batch * self.max_new_len ** 2, side * side) \
+            if self._mask_input or self._rows_file is not None else 0
         self._mask = np.zeros(size, np.bool_)
         self._mask_holds: tuple[int, int] | None = None   # (B, T) of the lower triangles in it
 
-    def _bind_mask(self, B: int, T: int) -> None:
+    def _bind_mask(self, B: int, T: int, bind=None) -> None:
         """Bind tree_mask (B, T, T) as B lower triangles (a chain's call), where the graph takes
-        it; the buffer is refilled only when it holds something else."""
-        if not self.takes_trees:
+        it (`bind`: the rows graph's binder, which takes it too); the buffer is refilled only
+        when it holds something else."""
+        if not self._mask_input and bind is None:
             return
         if self._mask_holds != (B, T):
             view = self._mask[:B * T * T].reshape(B, T, T)
             view[:] = np.tri(T, dtype=np.bool_)
             self._mask_holds = (B, T)
-        self._bind_host_in(contract.TREE_MASK, np.bool_, (B, T, T), self._mask.ctypes.data)
+        (bind or self._bind_host_in)(contract.TREE_MASK, np.bool_, (B, T, T),
+                                     self._mask.ctypes.data)
 
     def forward_tree(self, tokens: np.ndarray, ancestors: np.ndarray, depth: np.ndarray,
                      past_len: int, slot: int = 0) -> np.ndarray:

@@ -94,6 +94,9 @@ class Drafter:
         self.unknown = draft_vocab if target_vocab > draft_vocab else None   # ids to replace
 
     extends_lookup = True       # the model may draft on after lookup's tokens (one call)
+    # a lookup tree's nodes beyond its chain's, as a fraction of the chain's rows (at least
+    # one; 0: chains only): the verification's price of a tree is not learnt (design §4)
+    tree_extra = 0.5
 
     def feed(self, seq: list[int], drafts: list[int]) -> list[int]:
         """What the round's first draft call takes: every token the draft has not seen, the
@@ -171,11 +174,12 @@ class Drafter:
                 if not (model and self.extends_lookup and behind <= k
                         and schedule.extend_lookup(taken, k)):
                     self.synced = False            # the draft has not seen these
-                    if self.tree_nodes > taken + 1:
+                    if self.tree_nodes > taken + 1 and self.tree_extra > 0:
                         # every continuation the text offers, as deep as the chosen one, in
-                        # up to twice the chain's rows (design §4, "Trees")
+                        # up to tree_extra times the chain's rows more (design §4, "Trees")
+                        extra = max(1, round(self.tree_extra * (taken + 1)))
                         self.tree = lookup_tree(seq[-1], [found[:taken], *self.lookup.others(
-                            seq, taken)], min(self.tree_nodes, 2 * (taken + 1)))
+                            seq, taken)], min(self.tree_nodes, taken + 1 + extra))
                     return found[:taken], [None] * taken, 0
                 return found[:taken], [None] * taken, k - taken
         return [], [], max(0, min(k, schedule.model_cap)) if model else 0

@@ -49,6 +49,7 @@ class Stats:
     forced_accepted: int = 0      # the drafts (not in drafted: no one drafted them; design §4)
     tree_rounds: int = 0          # rounds that verified a draft tree (lookup's; design §4)
     tree_nodes: int = 0           # ... and its nodes after the root (drafted counts the depth)
+    tree_gained: int = 0          # ... and the tokens they took past the chosen chain's
     split_bets: int = 0           # split mode: rounds whose next round was drafted ahead
     split_hits: int = 0           # ... and whose bet was right
     verdicts: Verdicts = field(default_factory=Verdicts)   # acceptance by depth and rank
@@ -197,8 +198,10 @@ class Loop:
                 # drafts as asked)
                 behind = len(row.seq) - 1 - row.drafter.draft_len
                 row.drafter.waits = behind > room or behind > FREE_CATCH_UP and not row.dry
+            # (not beside a head, whose features the target writes by row: design §14)
             row.drafter.tree_nodes = min(self.tree_nodes, self.max_context - row.target_len) \
-                if one and hasattr(row.rule, "verify_tree") else 0
+                if one and hasattr(row.rule, "verify_tree") \
+                and getattr(self.target, "on_aux", None) is None else 0
             row.drafts, row.probs, row.left = row.drafter.start(row.seq, row.k)
         steps = self._draft(rows, span)
         t1 = perf_counter()
@@ -214,14 +217,15 @@ class Loop:
             d = row.drafts
             rows_logits = logits if one else logits[row.slot, :len(d) + 1]
             if tree is not None:                 # the path taken stands in for the drafts
-                d, j, t, rows_logits = self._judge_tree(row, tree, logits)
+                d, j, t, rows_logits, seen = self._judge_tree(row, tree, logits)
             else:
                 j, t = row.rule.verify(rows_logits, d, row.probs, row.target_len + 1)
+                seen = j                         # what the schedule learns from
             forced = row.drafter.forced_at       # the grammar's (design §4): not the schedule's
             passed = sum(i < j for i in forced)
             if cap != 0:                         # (nothing drafted: nothing to learn)
-                row.schedule.observe(len(d) - len(forced), j - passed,
-                                     t2 - t0 if one else None, len(forced))
+                row.schedule.observe(len(d) - len(forced), seen - passed,
+                                     t2 - t0 if one and tree is None else None, len(forced))
             row.target_len += j + 1              # rows for last, d1..dj stay valid
             row.drafter.settle(row.target_len, j == len(d), t)
             new = [*d[:j], t]
@@ -260,15 +264,20 @@ class Loop:
     def _judge_tree(self, row: Row, tree, logits):
         """A tree round's verdict (rule.verify_tree: greedy walks the target's choice) as a
         chain's: (the drafts as judged: the accepted path's tokens and, past them, the chain
-        the drafter chose; j, t; the logits of the root and the path's nodes), the path's
-        keys and values moved to the rows after the root's (compact_rows, design §3)."""
+        the drafter chose; j, t; the logits of the root and the path's nodes; how many of the
+        chosen chain's tokens the path took, nodes 1, 2, ... of lookup_tree: what the schedule
+        learns, as it would have of the chain alone), the path's keys and values moved to the
+        rows after the root's (compact_rows, design §3). The round's seconds are not learnt:
+        the schedule times chains (the planner's price of a tree is not done)."""
         path, t = row.rule.verify_tree(logits, tree, [None] * (len(tree) - 1),
                                        row.target_len + 1)
         self.target.compact_rows(row.target_len, [0, *path], row.slot)
         row.stats.observe_tree(tree, path)
         taken = [int(x) for x in tree.tokens[path]]
         drafts = taken + row.drafts[len(taken):] if len(taken) < len(row.drafts) else taken
-        return drafts, len(path), t, logits[[0, *path]]
+        chained = next((i for i, node in enumerate(path) if node != i + 1), len(path))
+        row.stats.tree_gained += len(path) - chained
+        return drafts, len(path), t, logits[[0, *path]], chained
 
     def _draft(self, rows: list[Row], span) -> int:
         """The model's tokens of every row: step i is one draft call over the rows still
