@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Literal, Sequence
 
 from ..round.tree import Tree
+from .batch_cost import BatchCost, LiveCost
 from .cost import CostModel
 
 DEPTHS = 8          # depths learnt apart (deeper ones share the last)
@@ -165,6 +166,19 @@ def plan_batch(accs: Sequence[TreeAcceptance], verify: Callable[[int], float], c
             best_w, best_rate = w, rate
             plans = [replace(p, speedup=rate) for p in rows]
     return best_w, plans
+
+
+def plan_batch_for(accs: Sequence[TreeAcceptance], cost: BatchCost | LiveCost,
+                   max_nodes: int, first_step: float | None = None, max_depth: int = 8,
+                   max_width: int = 4) -> tuple[int, list[TreePlan]]:
+    """plan_batch from a batch's prices (batch_cost.BatchCost or LiveCost, calls of this many
+    rows): V(B, W) over its one-token call, its draft step for each level (`first_step`: a
+    round's first, seconds; default the same)."""
+    one = cost.verify_time(1)
+    step = cost.cost.draft_step if isinstance(cost, LiveCost) else cost.draft_step
+    first = step if first_step is None else first_step
+    return plan_batch(accs, lambda w: cost.verify_time(w) / one, first / one, step / one,
+                      max_nodes, max_depth, max_width)
 
 
 def _fill(acc: TreeAcceptance, w: int, max_depth: int, max_width: int) -> TreePlan:

@@ -9,7 +9,8 @@ import pytest
 from ssd_runtime.round.tree import Tree
 from ssd_runtime.scheduler.cost import CostModel
 from ssd_runtime.scheduler.tree_plan import (DEPTHS, RANKS, TreeAcceptance, best_nodes,
-                                             plan_batch, plan_for, plan_tree, verify_steps)
+                                             plan_batch, plan_batch_for, plan_for, plan_tree,
+                                             verify_steps)
 
 # v(N) of the float32 SmolLM2-135M (issue 56: 1.01, 1.17, 1.24, 1.31, 1.64, 2.64 at N = 2, 4,
 # 8, 12, 16, 32), interpolated: a weight-bound call that turns compute-bound past ~12 rows
@@ -158,3 +159,18 @@ def test_plan_for_reads_a_generators_calibration():
         0.01 * (1 + 0.02 * k) for k in range(9)), draft_first=0.002)
     acc = learnt([[0.5, 0.4, 0.3]])
     assert plan_for(acc, cost, 9) == plan_tree(acc, verify_steps(cost), 0.2, 0.1, 9)
+
+
+def test_a_batch_plan_from_its_calls_prices():
+    from ssd_runtime.scheduler.batch_cost import BatchCost, LiveCost
+
+    cheap = BatchCost(rows=4, draft_step=0.002, verify=((1, 0.010), (2, 0.0102), (5, 0.0106),
+                                                       (9, 0.011), (17, 0.020)))
+    dear = BatchCost(rows=4, draft_step=0.002, verify=((1, 0.010), (2, 0.016), (5, 0.030),
+                                                      (9, 0.050), (17, 0.090)))
+    accs = [learnt([[0.6, 0.4]])] * 4
+    wide, plans = plan_batch_for(accs, cheap, 16)
+    assert wide > 4 and len(plans) == 4
+    assert plan_batch_for(accs, LiveCost(dear), 16)[0] < wide
+    w, _ = plan_batch_for(accs, cheap, 16)
+    assert w == plan_batch(accs, lambda n: cheap.verify_time(n) / 0.010, 0.2, 0.2, 16)[0]
