@@ -71,7 +71,8 @@ def expand(root: int, step: Callable[[Tree, list[int]], np.ndarray], shape: Tree
     rerank: a node's value is at most its parent's, so the kept nodes form a tree). Sampled
     candidates (`sampled`: `pick` draws without replacement and returns q) are never cut by
     their own value, which would bias them: each level gives the frontier's nodes, in order of
-    their value, as many children as the budget left allows, decided before they are drawn.
+    their value, as many children as the level's share of the budget allows (what is left but
+    one node for each level below), decided before they are drawn.
 
     A node's value is its parent's times its own chance: the draft's q of it by default (the
     path probability, calibrated where acceptance follows q, as under sampling), or
@@ -89,10 +90,14 @@ def expand(root: int, step: Callable[[Tree, list[int]], np.ndarray], shape: Tree
         partial = Tree(tokens, parents)
         rows = np.asarray(step(partial, frontier))                     # (len(frontier), V)
         new = []
+        # sampled: this level's share of the budget, fixed before the draw, one node kept for
+        # each level below it (so the tree reaches the shape's depth, as a chain would)
+        room = max(1, budget - (len(tokens) - 1) - (shape.depth - level - 1))
         for u, row in zip(frontier, rows):
             count = shape.width
             if sampled:
-                count = min(count, budget - (len(tokens) - 1))
+                count = min(count, room)
+                room -= count
                 if count <= 0:
                     break
             chosen, q_of, q = pick(row, count, position + depth[u], partial.pending(u), u,

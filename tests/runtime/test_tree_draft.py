@@ -293,3 +293,11 @@ def test_a_learnt_chance_in_place_of_q_gives_the_plans_shape():
     bushy = expand(3, table_step(PROMPT), shape, rule.draft_candidates, 2,
                    chance=learnt(0.3, 0.6).chance)
     assert len(bushy.tree.children(0)) == 3 and bushy.tree.depth.max() <= 2
+
+
+def test_sampled_trees_keep_a_node_for_each_level_below():
+    params = SamplingParams(temperature=1.0, seed=3, coupling="rejection")
+    for nodes, width, depth in [(8, 2, 4), (6, 3, 5), (10, 3, 3)]:
+        drafted = expand(3, table_step(PROMPT), TreeShape(nodes, width, depth, 2),
+                         SamplingAcceptance(params).draft_candidates, 2, sampled=True)
+        assert len(drafted.tree) <= nodes and drafted.tree.depth.max() == depth
