@@ -79,7 +79,8 @@ def expand(root: int, step: Callable[[Tree, list[int]], np.ndarray], shape: Tree
     `chance(q, depth, rank)`, e.g. the planner's learnt chance of a rank at a depth
     (tree_plan.TreeAcceptance.chance): under greedy a draft close to the target passes its
     first guess far more often than its q says, and the q-product would trade its deep nodes
-    for siblings that seldom pass."""
+    for siblings that seldom pass; sampled children are tried in the order drawn, the first
+    passing with probability Σ min(p, q) whatever its q."""
     tokens, parents, depth = [int(root)], [-1], [0]
     values, probs = [1.0], [None]
     frontier = [0]
