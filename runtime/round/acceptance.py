@@ -15,6 +15,7 @@ from .rules import Rule, leading_agreement, random_streams
 from .sampling import (GumbelNoise, SamplingParams, gumbel_pick, position_uniform,
                        probabilities, sample)
 from .tree import Tree
+from .tree_draft import race_noise, top_candidates
 from .tree_rules import fit, reject, walk
 
 
@@ -99,6 +100,15 @@ class InvariantSampling(GreedyAcceptance):
         """The walk along the target's Gumbel-max token at each node's position."""
         return self._walk(target_logits, tree, position)
 
+    def draft_candidates(self, row: np.ndarray, count: int, position: int,
+                         pending: list[int] = (), node: int = 0, sampled: bool = False
+                         ) -> tuple[list[int], np.ndarray, None]:
+        """The draft's Gumbel-top-`count` under the position's shared noise: its first is the
+        chain's draft token, the others the next likeliest to be the target's own sample."""
+        q = probabilities(self._processed(np.asarray(row), list(pending)), self.params)
+        tokens = top_candidates(q / self.noise.at(position, len(q)), q, count)
+        return tokens, q[tokens], None
+
     def _choose(self, row: np.ndarray, pending: list[int], position: int) -> int:
         return gumbel_pick(probabilities(self._processed(row, pending), self.params), self.noise,
                            position)
@@ -120,6 +130,19 @@ class SamplingAcceptance(Rule):
         """Sample the draft token for `position` from q (the last row's distribution)."""
         q = probabilities(self._processed(logits[-1], pending), self.params)   # (vocab_draft,)
         return sample(q, position_uniform(self.draft_key, position)), q
+
+    def draft_candidates(self, row: np.ndarray, count: int, position: int,
+                         pending: list[int] = (), node: int = 0, sampled: bool = False
+                         ) -> tuple[list[int], np.ndarray, np.ndarray]:
+        """`sampled`: `count` tokens sampled from q without replacement (exponential races
+        keyed by the seed, `position` and the parent `node`), and q: the verdict's r for each.
+        Else q's top-`count`, point masses (q None)."""
+        q = probabilities(self._processed(np.asarray(row), list(pending)), self.params)
+        if not sampled:
+            tokens = top_candidates(q, q, count)
+            return tokens, q[tokens], None
+        tokens = top_candidates(q / race_noise(self.draft_key, position, node, len(q)), q, count)
+        return tokens, q[tokens], q
 
     def verify(self, target_logits: np.ndarray, drafts: list[int],
                draft_probs: list[np.ndarray], position: int) -> tuple[int, int]:

@@ -18,6 +18,7 @@ from ..errors import BackendError, BundleError
 from .rules import Rule, leading_agreement, random_streams
 from .sampling import SamplingParams, position_uniform, probabilities
 from .tree import Tree
+from .tree_draft import race_noise, top_candidates
 from .tree_rules import reject, walk
 
 REQUIRED = ("argmax", "sample", "accept")
@@ -126,6 +127,16 @@ class FusedSamplingAcceptance(Rule):
     def draft_pick(self, logits: np.ndarray, position: int, top=None, pending=()
                    ) -> tuple[int, np.ndarray]:
         return self.heads.sample(logits, self.params, position_uniform(self.draft_key, position))
+
+    def draft_candidates(self, row, count: int, position: int, pending=(), node: int = 0,
+                         sampled: bool = False):
+        """As SamplingAcceptance's, on the host (a tree's rows are few)."""
+        q = probabilities(np.asarray(row), self.params)
+        if not sampled:
+            tokens = top_candidates(q, q, count)
+            return tokens, q[tokens], None
+        tokens = top_candidates(q / race_noise(self.draft_key, position, node, len(q)), q, count)
+        return tokens, q[tokens], q
 
     def verify(self, target_logits: np.ndarray, drafts: list[int],
                draft_probs: list[np.ndarray], position: int) -> tuple[int, int]:

@@ -21,6 +21,7 @@ from ..backends.base import ModelSession
 from .drafting import Drafter, Schedule, call
 from .logprobs import Logprobs
 from .rules import Rule
+from .tree import Tree, Verdicts
 
 # tokens a draft left behind may catch up on whenever it drafts (a round's worth: its prefill
 # costs about a draft step); further behind, see Loop.round
@@ -51,6 +52,7 @@ class Stats:
     tree_gained: int = 0          # ... and the tokens they took past the chosen chain's
     split_bets: int = 0           # split mode: rounds whose next round was drafted ahead
     split_hits: int = 0           # ... and whose bet was right
+    verdicts: Verdicts = field(default_factory=Verdicts)   # acceptance by depth and rank
     mode: str = "sequential"
     threads: str = ""             # intra-op threads "target:draft"
     stop_reason: str = ""
@@ -84,8 +86,21 @@ class Stats:
         decode = self.seconds["decode"]
         return self.new_tokens / decode if decode > 0 else 0.0
 
+    @property
+    def nodes_per_round(self) -> float:
+        """Draft nodes verified a round (a chain's k; a tree's nodes but the root)."""
+        return self.verdicts.nodes / self.rounds if self.rounds else 0.0
+
+    def observe_tree(self, tree: Tree, path: list[int]) -> None:
+        """A round that verified `tree` and accepted `path`: its nodes, and the nodes its
+        verdict judged by depth and rank (drafted and accepted count the path as a chain's)."""
+        self.tree_rounds += 1
+        self.tree_nodes += len(tree) - 1
+        self.verdicts.tree(tree, path)
+
     def as_dict(self) -> dict:
-        return {**{k: v for k, v in self.__dict__.items() if k != "seconds"},
+        return {**{k: v for k, v in self.__dict__.items() if k not in ("seconds", "verdicts")},
+                "nodes_per_round": self.nodes_per_round, **self.verdicts.as_dict(),
                 "acceptance_rate": self.acceptance_rate,
                 "lookup_acceptance_rate": self.lookup_acceptance_rate,
                 "model_acceptance_rate": self.model_acceptance_rate,
@@ -226,6 +241,8 @@ class Loop:
             st.forced_accepted += passed
             st.drafted += len(d) - len(forced)
             st.accepted += j - passed
+            if tree is None:                     # (a tree's verdicts: _judge_tree)
+                st.verdicts.chain(len(d), j)
             if taken := row.drafter.from_lookup:
                 st.lookup_drafted += taken
                 st.lookup_accepted += min(j, taken)
@@ -250,13 +267,11 @@ class Loop:
         path, t = row.rule.verify_tree(logits, tree, [None] * (len(tree) - 1),
                                        row.target_len + 1)
         self.target.compact_rows(row.target_len, [0, *path], row.slot)
-        st = row.stats
-        st.tree_rounds += 1
-        st.tree_nodes += len(tree) - 1
+        row.stats.observe_tree(tree, path)
         taken = [int(x) for x in tree.tokens[path]]
         drafts = taken + row.drafts[len(taken):] if len(taken) < len(row.drafts) else taken
         chained = next((i for i, node in enumerate(path) if node != i + 1), len(path))
-        st.tree_gained += len(path) - chained
+        row.stats.tree_gained += len(path) - chained
         return drafts, len(path), t, logits[[0, *path]], chained
 
     def _draft(self, rows: list[Row], span) -> int:

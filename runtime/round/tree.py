@@ -6,6 +6,8 @@ tree of k + 1 nodes where node i's parent is i - 1. numpy only: the round layer 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
 from ..errors import ConfigError
@@ -113,6 +115,74 @@ class Tree:
         sees as emitted when it reads `node`'s logits (the processors' `pending`)."""
         return [int(self.tokens[i]) for i in self.path(node)[1:]]
 
+    def rank(self, node: int) -> int:
+        """The node's place among its siblings (0: its parent's first candidate)."""
+        return self.children(int(self.parents[node])).index(node) if node else 0
+
+    def tried(self, path: list[int]) -> list[tuple[int, bool]]:
+        """The nodes a verdict that accepted `path` judged, in order, and whether each passed:
+        at the root and at each accepted node its children up to the accepted one (all of
+        them after the last). The statistics and the planner learn acceptance by depth and
+        rank from it."""
+        out = []
+        for u, nxt in zip([0, *path], [*path, None]):
+            for c in self.children(u):
+                out.append((c, c == nxt))
+                if c == nxt:
+                    break
+        return out
+
     def leaves(self) -> list[int]:
         """The nodes without children, in order."""
         return [i for i in range(len(self)) if not self.children(i)]
+
+
+@dataclass
+class Verdicts:
+    """Draft nodes judged and passed per depth (1, 2, ...) and per rank among siblings (0: the
+    first candidate), chains' rounds (depth j, rank 0) and trees' (Tree.tried) alike: the
+    statistics' acceptance by depth and rank (loop.Stats, ssd-bench, ssd-serve's usage)."""
+
+    nodes: int = 0                # draft nodes verified (a chain's k a round; a tree's N - 1)
+    depth_tried: list[int] = field(default_factory=list)
+    depth_accepted: list[int] = field(default_factory=list)
+    rank_tried: list[int] = field(default_factory=list)
+    rank_accepted: list[int] = field(default_factory=list)
+
+    def tree(self, tree: Tree, path: list[int]) -> None:
+        self.nodes += len(tree) - 1
+        for node, passed in tree.tried(path):
+            self.add(int(tree.depth[node]), tree.rank(node), passed)
+
+    def chain(self, drafted: int, accepted: int) -> None:
+        """A chain's round: depths 1..accepted passed, the next one (if drafted) failed."""
+        self.nodes += drafted
+        for depth in range(1, min(drafted, accepted + 1) + 1):
+            self.add(depth, 0, depth <= accepted)
+
+    def add(self, depth: int, rank: int, passed: bool) -> None:
+        for tried, hits, at in ((self.depth_tried, self.depth_accepted, depth - 1),
+                                (self.rank_tried, self.rank_accepted, rank)):
+            while len(tried) <= at:
+                tried.append(0)
+                hits.append(0)
+            tried[at] += 1
+            hits[at] += bool(passed)
+
+    def merge(self, other: Verdicts) -> None:
+        """Add another's counts (a bench's runs, a server's requests)."""
+        self.nodes += other.nodes
+        for name in ("depth_tried", "depth_accepted", "rank_tried", "rank_accepted"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for i, n in enumerate(theirs):
+                mine[i] += n
+
+    def as_dict(self) -> dict:
+        def rates(hits: list[int], tried: list[int]) -> list[float | None]:
+            return [h / t if t else None for h, t in zip(hits, tried)]
+        return {"nodes": self.nodes, "depth_tried": list(self.depth_tried),
+                "depth_accepted": list(self.depth_accepted),
+                "rank_tried": list(self.rank_tried), "rank_accepted": list(self.rank_accepted),
+                "acceptance_by_depth": rates(self.depth_accepted, self.depth_tried),
+                "acceptance_by_rank": rates(self.rank_accepted, self.rank_tried)}

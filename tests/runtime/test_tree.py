@@ -57,3 +57,30 @@ def test_a_malformed_tree_is_refused_by_name(tokens, parents, match):
         Tree(tokens, parents)
     with pytest.raises(ConfigError, match="max_nodes"):
         Tree.from_paths(1, [[2]], max_nodes=0)
+
+
+def test_the_verdicts_judged_nodes_by_depth_and_rank():
+    from ssd_runtime.round.loop import Stats
+    from ssd_runtime.round.tree import Verdicts
+
+    tree = Tree.from_paths(9, [[1, 2], [3, 4], [5]], max_nodes=10)   # root's children 1, 3, 5
+    second = tree.children(0)[1]
+    assert [tree.rank(c) for c in tree.children(0)] == [0, 1, 2] and tree.rank(0) == 0
+    below = tree.children(second)[0]
+    assert tree.tried([second, below]) == [(1, False), (second, True), (below, True)]
+    assert tree.tried([]) == [(c, False) for c in tree.children(0)]
+    stats = Stats()
+    stats.observe_tree(tree, [second, below])
+    stats.verdicts.chain(4, 2)                         # a chain: depths 1, 2 pass, 3 fails
+    out = stats.as_dict()
+    assert stats.tree_rounds == 1 and stats.tree_nodes == len(tree) - 1
+    stats.rounds = 2
+    assert stats.verdicts.nodes == len(tree) - 1 + 4
+    assert stats.nodes_per_round == (len(tree) - 1 + 4) / 2
+    assert out["depth_tried"] == [3, 2, 1] and out["depth_accepted"] == [2, 2, 0]
+    assert out["acceptance_by_rank"] == [3 / 5, 1.0]
+    assert "verdicts" not in out
+    total = Verdicts()
+    total.merge(stats.verdicts)
+    total.merge(stats.verdicts)
+    assert total.depth_tried == [6, 4, 2]

@@ -250,3 +250,56 @@ def test_seeded_tree_sampling_is_reproducible_and_a_chain_decides_as_verify():
         j, t = chain.verify(rows(tree, PROMPT), drafts, probs, 2)
         assert tree_rule.verify_tree(rows(tree, PROMPT), tree, probs, 2) == \
             (list(range(1, j + 1)), t)
+
+
+def test_the_fused_heads_rules_judge_trees_as_the_host_rules(bundle_factory):
+    """FusedGreedyAcceptance walks the argmax head's choices; FusedSamplingAcceptance decides
+    on the host from the same uniforms: both as the host rules, on the bundle's real heads."""
+    from ssd_runtime import Generator
+    from ssd_runtime.round.heads import FusedGreedyAcceptance, FusedSamplingAcceptance
+
+    gen = Generator.load(bundle_factory("llama", "llama_cut"), fused_heads=True)
+    heads, vocab = gen.heads, gen.manifest.target.vocab_size
+    rng = np.random.default_rng(12)
+    params = SamplingParams(temperature=0.8, top_k=20, seed=3, coupling="rejection")
+    greedy, fused_greedy = GreedyAcceptance(), FusedGreedyAcceptance(heads)
+    sampling, fused_sampling = SamplingAcceptance(params), FusedSamplingAcceptance(heads, params)
+    for _ in range(40):
+        paths = [[int(t) for t in rng.integers(0, 8, rng.integers(1, 4))] for _ in range(6)]
+        tree = Tree.from_paths(1, paths, max_nodes=10)
+        logits = rng.normal(0, 2, (len(tree), vocab)).astype(np.float32)
+        logits[:, :8] += 4                                   # the tree's tokens are likely
+        probs = [None if rng.random() < 0.5 else probabilities(
+            rng.normal(0, 2, vocab).astype(np.float32), params) for _ in range(len(tree) - 1)]
+        assert fused_greedy.verify_tree(logits, tree, probs, 5) == \
+            greedy.verify_tree(logits, tree, probs, 5)
+        assert fused_sampling.verify_tree(logits, tree, probs, 5) == \
+            sampling.verify_tree(logits, tree, probs, 5)
+    row = rng.normal(0, 2, vocab).astype(np.float32)
+    for sampled in (False, True):
+        assert fused_sampling.draft_candidates(row, 3, 7, [], 2, sampled)[0] == \
+            sampling.draft_candidates(row, 3, 7, [], 2, sampled)[0]
+
+
+def test_logprobs_along_the_accepted_path_are_the_targets_own():
+    """Rows [0, *path] of a tree's verification give the emitted tokens' log-probabilities,
+    as k = 0 reads them from each token's own context."""
+    from ssd_runtime.round.logprobs import Logprobs
+
+    rng, rule = np.random.default_rng(5), GreedyAcceptance()
+    alone = greedy_alone(GreedyAcceptance, 12)
+    seq, got = list(PROMPT), Logprobs(top=3)
+    while len(seq) - len(PROMPT) < 12:
+        done = len(seq) - len(PROMPT)
+        tree = random_tree(rng, tuple(seq), hit=alone[done:done + 3])
+        logits = rows(tree, tuple(seq))
+        path, t = rule.verify_tree(logits, tree, [None] * (len(tree) - 1), len(seq))
+        new = [*tree.pending(path[-1]), t] if path else [t]
+        got.add(logits[[0, *path]], new)
+        seq += new
+    want, context = Logprobs(top=3), list(PROMPT)
+    for token in seq[len(PROMPT):]:
+        want.add(target_logits(tuple(context))[None], [token])
+        context.append(token)
+    assert [(x.token, x.top) for x in got.tokens] == [(x.token, x.top) for x in want.tokens]
+    np.testing.assert_allclose([x.logprob for x in got.tokens], [x.logprob for x in want.tokens])
