@@ -29,13 +29,13 @@ class OrtTreeMixin:
         self._mask = np.zeros(size, np.bool_)
         self._mask_holds: tuple[int, int] | None = None   # (B, T) of the lower triangles in it
 
-    def _bind_mask(self, B: int, T: int, bind=None) -> None:
+    def _bind_mask(self, B: int, T: int, bind=None, trees: bool = False) -> None:
         """Bind tree_mask (B, T, T) as B lower triangles (a chain's call), where the graph takes
         it (`bind`: the rows graph's binder, which takes it too); the buffer is refilled only
-        when it holds something else."""
+        when it holds something else. `trees`: bind what forward_rows_tree wrote there."""
         if not self._mask_input and bind is None:
             return
-        if self._mask_holds != (B, T):
+        if self._mask_holds != (B, T) and not trees:
             view = self._mask[:B * T * T].reshape(B, T, T)
             view[:] = np.tri(T, dtype=np.bool_)
             self._mask_holds = (B, T)
@@ -82,6 +82,54 @@ class OrtTreeMixin:
         if self.on_aux is not None:
             self.on_aux(slot, past_len, self.extra_out[contract.AUX_HIDDEN][:n])
         return self._logits_view(n)
+
+    def forward_rows_tree(self, token_ids: np.ndarray, past_lens: np.ndarray,
+                          real: np.ndarray, ancestors: np.ndarray, depth: np.ndarray
+                          ) -> np.ndarray:
+        """forward_rows over slots 0..B-1 where rows carry draft trees: row b's W nodes
+        `token_ids[b]` at cache rows past_lens[b] + i and positions past_lens[b] + depth[b, i],
+        attending as `ancestors[b]` says (a chain's row: the lower triangle, its depths 0..W-1);
+        `real[b]` of them real. One call of the rows graph (or of a static graph, which takes
+        them), else one tree call per row. Returns the logits (B, W, vocab)."""
+        B, T = token_ids.shape
+        if not self.takes_trees:
+            raise BackendError(f"{self.name}: this bundle's target graph takes no draft tree. "
+                               f"---> HINT: re-export with this ssd-export, or draft chains.")
+        if B > self.max_batch or T > self.max_new_len:
+            raise BackendError(f"{self.name}: a batch of {B} rows of {T} tree nodes exceeds this "
+                               f"session's {self.max_batch} slots of {self.max_new_len}.")
+        rows = (self._rows or self.open_rows()) if self._rows_file is not None else None
+        if self.entry.graph == contract.ORT and (rows is None or not rows.takes_trees):
+            # GroupQueryAttention takes one row of several tokens: a tree call per row
+            V = self.entry.vocab_size
+            found = {b: self.forward_tree(token_ids[b, :int(real[b])],
+                                          ancestors[b, :int(real[b]), :int(real[b])],
+                                          depth[b, :int(real[b])], int(past_lens[b]),
+                                          slot=b).copy()
+                     for b in range(B) if int(real[b])}
+            out = self.logits[:B * T * V].reshape(B, T, V)
+            for b, logits in found.items():
+                out[b, :len(logits)] = logits
+            return out
+        self.ids[0, :B * T] = token_ids.reshape(-1)
+        self.positions[0, :B * T] = (past_lens[:, None] + depth).reshape(-1)
+        self._mask[:B * T * T] = ancestors.reshape(-1)
+        self._mask_holds = None
+        live = int(past_lens.max()) + T
+        if rows is not None:                      # the ort target's rows graph (design §11)
+            rows.run(B, T, live, trees=True)
+        else:                                     # a static target
+            self._bind_caches(0, B)
+            self._bind_attend(live)
+            self._bind_host_in(contract.INPUT_IDS, np.int64, (B, T), self._ids_ptr)
+            self._bind_host_in(contract.POSITION_IDS, np.int64, (B, T), self._pos_ptr)
+            self._bind_mask(B, T, trees=True)
+            self._bind_extras(B, T)
+            self._bind_out(contract.LOGITS, self.logits_dtype, (B, T, self.entry.vocab_size),
+                           self._logits_addr)
+            self._bound_len = None
+            self._run_bound()
+        return self._rows_logits(B, T)
 
     def compact_rows(self, past_len: int, nodes: list[int], slot: int = 0) -> None:
         """After a tree's verification: the accepted nodes' rows past_len + nodes[t] (nodes

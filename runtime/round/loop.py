@@ -22,6 +22,7 @@ from .drafting import Drafter, Schedule, call
 from .logprobs import Logprobs
 from .rules import Rule
 from .tree import Tree, Verdicts
+from .tree_round import batch_inputs, judge
 
 # tokens a draft left behind may catch up on whenever it drafts (a round's worth: its prefill
 # costs about a draft step); further behind, see Loop.round
@@ -196,8 +197,8 @@ class Loop:
                 behind = len(row.seq) - 1 - row.drafter.draft_len
                 row.drafter.waits = behind > room or behind > FREE_CATCH_UP and not row.dry
             # (not beside a head, whose features the target writes by row: design §14)
-            row.drafter.tree_nodes = min(self.tree_nodes, self.max_context - row.target_len) \
-                if one and hasattr(row.rule, "verify_tree") \
+            row.drafter.tree_nodes = min(self.tree_nodes, most - row.target_len if one
+                                         else most + 1) if hasattr(row.rule, "verify_tree") \
                 and getattr(self.target, "on_aux", None) is None else 0
             row.drafts, row.probs, row.left = row.drafter.start(row.seq, row.k)
         steps = self._draft(rows, span)
@@ -206,15 +207,17 @@ class Loop:
             row.drafter.bet(row.drafts)          # split mode: the draft works on (§7)
         logits = self._verify(rows, span)
         t2 = perf_counter()
-        tree = rows[0].drafter.tree if one else None
         self.last = (t1 - t0 - sum(s for _, s in self.caught_up), steps, t2 - t1,
-                     len(tree) if tree is not None else 1 + max(len(row.drafts) for row in rows))
+                     max(len(row.drafter.tree) if row.drafter.tree is not None
+                         else 1 + len(row.drafts) for row in rows))
         emitted = []
         for row in rows:
             d = row.drafts
             rows_logits = logits if one else logits[row.slot, :len(d) + 1]
+            tree = row.drafter.tree
             if tree is not None:                 # the path taken stands in for the drafts
-                d, j, t, rows_logits, seen = self._judge_tree(row, tree, logits)
+                d, j, t, rows_logits, seen = judge(
+                    row, tree, logits if one else logits[row.slot, :len(tree)], self.target)
             else:
                 j, t = row.rule.verify(rows_logits, d, row.probs, row.target_len + 1)
                 seen = j                         # what the schedule learns from
@@ -241,7 +244,7 @@ class Loop:
             st.forced_accepted += passed
             st.drafted += len(d) - len(forced)
             st.accepted += j - passed
-            if tree is None:                     # (a tree's verdicts: _judge_tree)
+            if tree is None:                     # (a tree's verdicts: tree_round.judge)
                 st.verdicts.chain(len(d), j)
             if taken := row.drafter.from_lookup:
                 st.lookup_drafted += taken
@@ -257,22 +260,6 @@ class Loop:
             st.new_tokens = row.produced
             emitted.append(new)
         return emitted
-
-    def _judge_tree(self, row: Row, tree, logits):
-        """A tree round's verdict (rule.verify_tree) as a chain's: (the drafts as judged, the
-        path's tokens then the chosen chain's; j, t; the root's and the path's logits; the
-        chosen chain's tokens the path took, nodes 1, 2, ... of lookup_tree, which the schedule
-        learns as of the chain alone), the path's rows compacted (design §3). The schedule
-        times chains only: a tree round's seconds are not learnt."""
-        path, t = row.rule.verify_tree(logits, tree, [None] * (len(tree) - 1),
-                                       row.target_len + 1)
-        self.target.compact_rows(row.target_len, [0, *path], row.slot)
-        row.stats.observe_tree(tree, path)
-        taken = [int(x) for x in tree.tokens[path]]
-        drafts = taken + row.drafts[len(taken):] if len(taken) < len(row.drafts) else taken
-        chained = next((i for i, node in enumerate(path) if node != i + 1), len(path))
-        row.stats.tree_gained += len(path) - chained
-        return drafts, len(path), t, logits[[0, *path]], chained
 
     def _draft(self, rows: list[Row], span) -> int:
         """The model's tokens of every row: step i is one draft call over the rows still
@@ -404,6 +391,9 @@ class Loop:
             return call(self.target.forward, np.asarray([row.seq[-1], *row.drafts], np.int64),
                         row.target_len, row.slot)
         slots = max(row.slot for row in rows) + 1
+        if any(row.drafter.tree is not None for row in rows):    # rows' trees (design §4)
+            return self.target.forward_rows_tree(*batch_inputs(
+                rows, slots, np.asarray(span[0][:slots], np.int64).copy()))
         width = 1 + max(len(row.drafts) for row in rows)
         ids = np.zeros((slots, width), np.int64)
         real = np.zeros(slots, np.int64)

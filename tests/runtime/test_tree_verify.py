@@ -175,15 +175,27 @@ def test_seeded_sampling_with_lookup_trees_is_reproducible(tree_bundle):
     assert runs[0].stats.tree_rounds > 0
 
 
-def test_a_batch_of_four_on_a_tree_bundle_gives_each_prompt_alone(tree_bundle):
-    """Rows of a batch verify chains (their calls bind the chain's mask); each gets k=0's."""
-    gen = Generator.load(tree_bundle, backend="cpu", threads=1, max_batch=4)
-    prompts = [p for p, _ in _prediction_trials(gen, 4)]
-    alone = [gen.generate(p, max_new_tokens=24, k=0, ignore_eos=True).token_ids
-             for p in prompts]
-    results = gen.generate_batch(prompts, max_new_tokens=24, k=4, draft_source="lookup",
-                                 ignore_eos=True, prediction=None)
-    assert [r.token_ids for r in results] == alone
+@pytest.mark.parametrize("flavour", ["ort", "static"])
+def test_a_batch_of_four_verifies_its_rows_trees_and_gives_each_prompt_alone(
+        tree_bundle, static_bundle, flavour, monkeypatch):
+    """Rows of a batch each verify their own lookup tree in the batch's one call (the ort
+    target's rows graph, or the static graph; design §4, §11); every row gets k=0's tokens,
+    and trees take tokens chains missed."""
+    from ssd_runtime.round.loop import Loop
+
+    bundle = tree_bundle if flavour == "ort" else static_bundle
+    gen = Generator.load(bundle, backend="cpu", threads=1, max_batch=4)
+    trials = list(_prediction_trials(gen, 4))
+    asks = [{"prompt": p, "prediction": alone} for p, alone in trials]
+    gained = {}
+    for trees in (True, False):
+        monkeypatch.setattr(Loop, "trees", trees)
+        results = gen.generate_batch(asks, max_new_tokens=24, k=4, draft_source="lookup",
+                                     ignore_eos=True)
+        assert [r.token_ids for r in results] == [alone for _, alone in trials], trees
+        gained[trees] = sum(r.stats.tree_gained for r in results)
+        assert trees or sum(r.stats.tree_rounds for r in results) == 0
+    assert gained[True] > 0
 
 
 @pytest.fixture(scope="module")
