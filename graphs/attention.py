@@ -109,6 +109,37 @@ def causal_mask(query_pos: torch.Tensor, key_pos: torch.Tensor, key_valid: torch
     return torch.where(visible, zero, neg)[:, None, None, :, :]
 
 
+def tree_mask(position_ids: torch.Tensor, key_pos: torch.Tensor, tree: torch.Tensor,
+              window: int | None) -> torch.Tensor:
+    """The static flavour's additive mask (B, 1, 1, T, R) for a call over a draft tree
+    (docs/design.md §2, "Trees"): new token i sits at cache row p_b + i (p_b = position_ids[b,
+    0], the root's position) and at position position_ids[b, i]; it sees the committed rows
+    j < p_b by position (j <= its position, within the window) and the new rows p_b + j where
+    tree[b, i, j] (its ancestors and itself), nothing past them. With tree the lower triangle
+    (a chain) this is causal_mask's, value for value.
+
+        key row     0 ........ p_b-1 | p_b ........ p_b+T-1 | p_b+T ..... R-1
+        visible     by position      | tree[b, i, row-p_b]   | never
+    """
+    B, T = position_ids.shape
+    first = position_ids[:, :1]                                     # (B, 1)
+    rel = key_pos - first                                           # (B, R): row - p_b
+    past = rel < 0
+    new = (rel >= 0) & (rel < T)
+    index = rel.clamp(0, T - 1)[:, None, :].expand(B, T, key_pos.shape[1])    # (B, T, R)
+    in_tree = torch.gather(tree, 2, index)                          # (B, T, R)
+    q = position_ids[:, :, None]                                    # (B, T, 1)
+    k = key_pos[:, None, :]                                         # (B, 1, R)
+    visible = (past[:, None, :] & (k <= q)) | (new[:, None, :] & in_tree)
+    if window is not None:       # by position: a new key's is its node's (p_b + its depth)
+        node_pos = torch.gather(position_ids, 1, rel.clamp(0, T - 1))           # (B, R)
+        k = torch.where(new, node_pos, key_pos)[:, None, :]
+        visible = visible & (q - k < window)
+    zero = torch.zeros((), dtype=torch.float32)
+    neg = torch.full((), _NEG, dtype=torch.float32)
+    return torch.where(visible, zero, neg)[:, None, None, :, :]
+
+
 def attention(attn: nn.Module, a: Adapter, heads: Heads, scaling: float, h: torch.Tensor,
               rope: Rope | None, cos_sin: tuple[torch.Tensor, ...] | None,
               past_k: torch.Tensor, past_v: torch.Tensor, bias: torch.Tensor | None,

@@ -32,7 +32,7 @@ from torch import nn
 
 from .adapters import Adapter, get_path, sliding_windows
 from .attention import (Heads, OrtAttention, attention, cache_index, cache_positions,
-                        causal_mask, key_positions)
+                        causal_mask, key_positions, tree_mask)
 from .fused import Fusion
 from .moe import check_moe, cost_note, kernel_refusal, kernel_weights, moe, moe_block
 from .positions import Rope, alibi_bias, alibi_slopes, log_position_scale
@@ -46,9 +46,12 @@ _KERNEL_WEIGHTS = ("fc1", "fc1_bias", "fc2", "fc2_bias")     # moe.kernel_weight
 class Decoder(nn.Module):
     def __init__(self, model: nn.Module, adapter: Adapter, flavour: str = contract.STANDARD,
                  max_context: int = 0, source: str = "model",
-                 aux_layers: tuple[int, ...] = ()) -> None:
+                 aux_layers: tuple[int, ...] = (), tree: bool = False) -> None:
         super().__init__()
         self.flavour = flavour
+        # the static flavour's and the rows graph's draft trees: contract.TREE_MASK (B, T, T)
+        # after every other input (docs/design.md §2, "Trees"; the ort flavour's: tree_input.py)
+        self.tree = tree and contract.attends_rows(flavour)
         # an EAGLE-3 head's features: the residual stream entering these layers, one more
         # output (contract.AUX_HIDDEN) concatenated in this order (docs/design.md §14)
         self.aux_layers = tuple(aux_layers)
@@ -101,10 +104,12 @@ class Decoder(nn.Module):
         x = self.embed_input(input_ids, position_ids)               # (B, T, H)
         if self.flavour == contract.ORT:
             return self._forward_ort(x, position_ids, past)
-        live_rows = None
+        live_rows, tree = None, None
+        if self.tree:                             # a draft tree's ancestors, last
+            past, tree = past[:-1], past[-1]
         if contract.attends_rows(self.flavour):   # the last input's length: rows [0, L)
             past, live_rows = past[:-1], past[-1].shape[0]
-        x, outputs, entering = self.decode(x, position_ids, past, live_rows)
+        x, outputs, entering = self.decode(x, position_ids, past, live_rows, tree)
         return (self.lm_logits(x), *outputs, *self._aux(entering, x))
 
     def embed_input(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
@@ -122,10 +127,13 @@ class Decoder(nn.Module):
         return x
 
     def decode(self, x: torch.Tensor, position_ids: torch.Tensor, past: tuple[torch.Tensor, ...],
-               live_rows=None) -> tuple[torch.Tensor, list[torch.Tensor], dict[int, torch.Tensor]]:
+               live_rows=None, tree: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, list[torch.Tensor], dict[int, torch.Tensor]]:
         """Every layer over x (B, T, H) in the standard or static flavour: the last layer's
         output (before the final norm), the KV outputs, the stream entering each layer. An MTP
-        head (mtp.py) calls this with its own first input in place of the embedding."""
+        head (mtp.py) calls this with its own first input in place of the embedding. `tree`
+        (static, rows): the call's tree mask (B, T, T); token t then sits at cache row
+        position_ids[:, 0] + t, not at its position (docs/design.md §2, "Trees")."""
         a = self.adapter
         tables = {key: rope.tables(position_ids, x.dtype) for key, rope in self.ropes.items()}
         static = self.flavour in (contract.STATIC, contract.ROWS)
@@ -133,15 +141,18 @@ class Decoder(nn.Module):
             rows = past[0].shape[2] if live_rows is None else live_rows
             key_pos, key_valid = cache_positions(position_ids, rows)              # (B, R|L)
             # what depends on the call alone, once for every layer (docs/design.md §12)
-            index = cache_index(position_ids, self.heads.num_kv_heads)            # 3 x (B,T,Hkv)
+            rows_at = position_ids if tree is None else position_ids[:, :1] + torch.arange(
+                position_ids.shape[1], device=position_ids.device)[None, :]     # (B, T) rows
+            index = cache_index(rows_at, self.heads.num_kv_heads)                 # 3 x (B,T,Hkv)
             qkv_tables = {key: self._qkv_tables(*tables[key]) for key in self.qkv_rotated}
         else:           # each row's own past length is position_ids[b, 0]; rows past it stale
             key_pos, key_valid = key_positions(position_ids, past[0].shape[1])    # (B, S)
             qkv_tables = {}
-        masks = {w: causal_mask(position_ids, key_pos, key_valid, w)              # (B,1,1,T,S)
-                 for w in set(self.windows)}
+        masks = {w: causal_mask(position_ids, key_pos, key_valid, w) if tree is None  # (B,1,1,T,S)
+                 else tree_mask(position_ids, key_pos, tree, w) for w in set(self.windows)}
         if static and self.fusion is not None:
-            return self.fusion.decode(self, x, position_ids, past, live_rows, masks)
+            return self.fusion.decode(self, x, position_ids, past, live_rows, masks,
+                                      rows_at)
         alibi = None
         if a.positions == "alibi":                                  # (B, Hkv, G, 1, S)
             dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(a.alibi_dtype,

@@ -78,15 +78,18 @@ class Fusion(nn.Module):
         return cls(decoder, max_context, eps, pack_mlp)
 
     def decode(self, decoder, x: torch.Tensor, position_ids: torch.Tensor,
-               past: tuple[torch.Tensor, ...], live_rows, masks: dict
+               past: tuple[torch.Tensor, ...], live_rows, masks: dict,
+               rows_at: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, list[torch.Tensor], dict[int, torch.Tensor]]:
         """Every layer over x (B, T, E), as Decoder.decode: (the last layer's output before the
         final norm, the updated caches, the stream entering each layer). masks (B,1,1,T,L) per
-        window, from the decoder."""
+        window, from the decoder; rows_at (B, T): the new rows' cache rows (a tree's: not its
+        positions), else their positions."""
         a = decoder.adapter
         B, T = position_ids.shape
         G = decoder.heads.groups
-        index = head_major_index(position_ids, decoder.heads.num_kv_heads)   # 3 x (B,Hkv,T)
+        index = head_major_index(position_ids if rows_at is None else rows_at,
+                                 decoder.heads.num_kv_heads)                # 3 x (B,Hkv,T)
         grouped = {w: m.expand(B, 1, G, T, m.shape[-1]).reshape(B, 1, G * T, m.shape[-1])
                    for w, m in masks.items()}                       # rows g·T + t: token t's
         outputs: list[torch.Tensor] = []

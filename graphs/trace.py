@@ -38,15 +38,20 @@ class TracedModel:
     moe_note: str = ""           # ... and at what cost, for a progress line
     aux_layer_ids: tuple[int, ...] = ()   # contract.AUX_HIDDEN follows the KV outputs
     fused: bool = False          # the static layer in fused operators (fused.py, opset 23)
+    tree: bool = False           # contract.TREE_MASK follows the contract's inputs (tree_input.py)
+    tree_note: str = ""          # ... or why an ort target has none
 
 
 def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context: int,
-                   graph: str = contract.STANDARD, aux_layers: tuple[int, ...] = ()
-                   ) -> TracedModel:
+                   graph: str = contract.STANDARD, aux_layers: tuple[int, ...] = (),
+                   tree: bool = False) -> TracedModel:
     """Write `path` (model.onnx plus external data) for `model` in that graph flavour; with
-    `aux_layers`, an EAGLE-3 head's features as one more output (docs/design.md §14)."""
+    `aux_layers`, an EAGLE-3 head's features as one more output (docs/design.md §14); with
+    `tree`, a target's draft trees (docs/design.md §2, "Trees"): contract.TREE_MASK as the last
+    input, traced in the static flavour and the rows graph, added after tracing in the ort
+    flavour (tree_input.py, which may refuse: tree_note says why); none in the standard one."""
     decoder = Decoder(model, adapter_for(model, source), graph, max_context, source,
-                      aux_layers).eval()
+                      aux_layers, tree).eval()
     check_rope_context(model, source, max_context)
     n_layers = len(decoder.layers)
     dtype = next(model.parameters()).dtype
@@ -78,6 +83,11 @@ def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context:
         past += (torch.zeros(past_len + new_len, dtype=torch.int64),)
         shapes = shapes[:2] + (shapes[2] + ({0: torch.export.Dim("attend_rows", min=1,
                                                                 max=max_context)},),)
+    names = contract.input_names(n_layers, graph)
+    if decoder.tree:                    # tree_mask (B, T, T): a chain's lower triangle here
+        past += (torch.tril(torch.ones(batch, new_len, new_len, dtype=torch.bool)),)
+        shapes = shapes[:2] + (shapes[2] + ({0: B, 1: T, 2: T},),)
+        names = names + [contract.TREE_MASK]
     path.parent.mkdir(parents=True, exist_ok=True)
     # the exporter logs a warning per missing torchvision op on every export: not ours to fix
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
@@ -85,19 +95,27 @@ def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context:
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             decoder, (ids, pos, *past), dynamo=True, opset_version=OPSET,
-            input_names=contract.input_names(n_layers, graph),
+            input_names=names,
             output_names=contract.output_names(n_layers, graph, bool(aux_layers)),
             dynamic_shapes=shapes, verbose=False, **extra,
         )
         program.save(str(path), external_data=True)
     fused = lower_fused(path)
     rewrite_rsqrt_as_div(path)
+    tree_note = ""
+    if tree and graph == contract.ORT:
+        from .tree_input import append_tree_mask
+
+        tree_note = append_tree_mask(path)
+    elif tree and not decoder.tree:
+        tree_note = f"the {graph} flavour has no tree input"
     return TracedModel(
         path=path, num_layers=n_layers, num_kv_heads=decoder.num_kv_heads,
         head_dim=decoder.head_dim, vocab_size=model.config.vocab_size,
         kv_dtype=str(dtype).removeprefix("torch."),
         parameters=sum(p.numel() for p in model.parameters()), graph=graph,
         moe=decoder.moe_kind, moe_note=decoder.moe_note, aux_layer_ids=tuple(aux_layers),
+        tree=tree and not tree_note, tree_note=tree_note,
         fused=fused,
     )
 

@@ -201,12 +201,22 @@ def format_table(report: dict) -> str:
     for v in report.get("split_vs_sequential", []):
         lines.append(f"  k={v['k']} threads={v['threads']}: {v['ratio']:.2f}x, {v['verdict']}: "
                      f"{v['why']}")
+    lines += [f"{r['config']}: nodes/round {r['nodes_per_round']:.1f}, accepted/round "
+              f"{r['mean_accepted_per_round']:.2f}, {r['tree_rounds']} tree rounds; acceptance "
+              f"by depth {_rates(r['acceptance_by_depth'])}, by rank "
+              f"{_rates(r['acceptance_by_rank'])}"
+              for r in report["results"] if r.get("acceptance_by_depth")]
     lines.append("lk% = drafts found by lookup; a.lk, a.md = acceptance of lookup's and of the "
                  "draft model's tokens")
     lines.append("per-round times in ms; bound = (1-a^(k+1))/((1-a)(c1 + (k-1) c + v(k))) "
                  "(k=auto: the best fixed k's, at the fixed-k rows' alpha); eff = measured "
                  "speed-up over k=0 at the same threads / bound")
     return "\n".join(lines)
+
+
+def _rates(rates: list) -> str:
+    """Rates by depth or rank, 1-based depth order: '0.62 0.48 -' ('-': none judged)."""
+    return " ".join("-" if r is None else f"{r:.2f}" for r in rates[:8])
 
 
 def _pyplot():

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .machine import cpu_cores
+from .round.tree import Verdicts
 from .scheduler.calibration import calibrate
 from .scheduler.cost import CostModel, expected_tokens
 
@@ -155,6 +156,18 @@ def _calibration_row(cost: CostModel, models: list[CostModel]) -> dict:
             "target_step_ms_range": [min(steps), max(steps)]}
 
 
+def _verdicts(stats: list, rounds: int) -> dict:
+    """Nodes a round, acceptance by depth and rank over every run's rounds (Verdicts)."""
+    total = Verdicts()
+    for s in stats:
+        total.merge(s.verdicts)
+    found = total.as_dict()
+    return {"nodes_per_round": total.nodes / rounds if rounds else 0.0,
+            "acceptance_by_depth": found["acceptance_by_depth"],
+            "acceptance_by_rank": found["acceptance_by_rank"],
+            "judged_by_depth": found["depth_tried"], "judged_by_rank": found["rank_tried"]}
+
+
 def _tokens_per_s(runs: list) -> float:
     """Median over prompts of each prompt's total tokens / total decode time."""
     per_prompt: dict[int, list[float]] = {}
@@ -210,6 +223,9 @@ def _summary(c: Config, threads: str, runs: list, cost: CostModel, baseline: flo
         "host_share": seconds["host"] / decode if decode else 0.0,
         "split_hit_rate": (sum(s.split_hits for s in stats) / max(1, sum(s.split_bets
                                                                           for s in stats))),
+        # draft trees (docs/design.md §5): verification rows but the root a round (a chain's
+        # k), the rounds that verified a tree, and acceptance by depth and by rank
+        "tree_rounds": sum(s.tree_rounds for s in stats), **_verdicts(stats, rounds),
     }
 
 

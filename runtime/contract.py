@@ -36,6 +36,14 @@ ROWS = "rows"
 # has no such input and attends over the whole cache (backends/ort.py checks the session).
 ATTEND_ROWS = "attend_rows"
 
+# Draft trees (schema 13; docs/design.md §2, "Trees"): an ort target graph may take one more
+# input after the contract's, TREE_MASK bool (B, T, T): [b, i, j] = new token j is new token i
+# or one of its ancestors. Node i sits at cache row past_len + i with position_ids past_len +
+# depth[i] and attends the committed prefix and its own ancestors only; a chain passes the
+# lower triangle (and gives the bits of a graph without the input). The manifest says so
+# (ModelEntry.tree); graphs/tree_input.py writes it.
+TREE_MASK = "tree_mask"
+
 
 def attends_rows(graph: str) -> bool:
     """Whether the graph flavour, as this exporter traces it, takes ATTEND_ROWS last."""

@@ -15,7 +15,7 @@ from . import cache, contract
 from .errors import BundleError
 
 FORMAT = "ssd-bundle"
-SCHEMA_VERSION = 12         # 2: models carry "graph" (flavour); 1 reads as "standard"
+SCHEMA_VERSION = 13         # 2: models carry "graph" (flavour); 1 reads as "standard"
                             # 3: models carry "quant" (weights); 1 and 2 read as "none"
                             # 4: models carry "moe" (how MoE layers run); 1-3 read as "none"
                             # 5: tokenizer carries "special_tokens" (text), "split_special_tokens"
@@ -46,6 +46,14 @@ SCHEMA_VERSION = 12         # 2: models carry "graph" (flavour); 1 reads as "sta
                             #    fused operators of ONNX opset 23, docs/design.md §12, which
                             #    onnxruntime before contract.STATIC_FUSED_MIN refuses with an
                             #    error of its own); 1-11 read as false
+                            # 13: models carry "tree" (the ort target's graph takes draft trees:
+                            #    contract.TREE_MASK, docs/design.md §2) and "tree_note" (why
+                            #    not); 1-12 read as false. The manifest's "requires" names what
+                            #    a runtime must know to run it (REQUIRES): a newer bundle's
+                            #    unknown names are the refusal's words
+# what a bundle may require by name (Manifest.requires) and this runtime runs: "tree", a target
+# graph that takes draft trees (a runtime before schema 13 refuses it by its schema_version)
+REQUIRES = ("tree",)
 MAX_BATCH = 64              # the batch axis' bound in the traced graphs (graphs/trace.py)
 # an EAGLE-3 head's settings in ModelEntry.head (docs/design.md §14): the published layout it
 # was read from ("safeailab" or "speculators"), its width H, the target's width Ht (features
@@ -95,6 +103,10 @@ class ModelEntry:
     aux_layer_ids: list[int] = field(default_factory=list)
     head: dict[str, Any] = field(default_factory=dict)
     fused: bool = False       # schema 12: the layer in fused operators (contract.STATIC_FUSED_MIN)
+    # schema 13: the graph takes contract.TREE_MASK, a verification over a draft tree
+    # (docs/design.md §2, "Trees"); or "" and why an ort target's does not
+    tree: bool = False
+    tree_note: str = ""
 
     @property
     def quant_form(self) -> str:
@@ -169,6 +181,8 @@ class Manifest:
     # agreement, alpha, tokens, text, backend, c, c_first, v, speedups, best_k, speedup,
     # pays, note; {} when not measured (an optional key: a bundle without it reads as {})
     pair_worth: dict[str, Any] = field(default_factory=dict)
+    # what a runtime must know to run the bundle, by name (REQUIRES; schema 13 on)
+    requires: list[str] = field(default_factory=list)
     format: str = FORMAT
     schema_version: int = SCHEMA_VERSION
 
@@ -200,9 +214,13 @@ class Manifest:
         version = data.get("schema_version")
         if not isinstance(version, int):
             raise BundleError(f"{where}: schema_version is {version!r}, expected an integer. {_HINT}")
-        if version > SCHEMA_VERSION:
+        unknown = [str(r) for r in data.get("requires", []) if r not in REQUIRES] \
+            if isinstance(data.get("requires", []), list) else ["requires"]
+        if version > SCHEMA_VERSION or unknown:
+            needs = f" and needs {', '.join(map(repr, unknown))}, which this runtime predates" \
+                if unknown else ""
             raise BundleError(f"{where}: schema_version {version} is newer than this runtime reads "
-                              f"(up to {SCHEMA_VERSION}). ---> HINT: upgrade ssd-toolkit "
+                              f"(up to {SCHEMA_VERSION}){needs}. ---> HINT: upgrade ssd-toolkit "
                               f"(pip install -U ssd-toolkit) or re-export with this version.")
         try:
             manifest = cls(
@@ -218,6 +236,7 @@ class Manifest:
                 generation=_generation(data.get("generation", {})),
                 max_batch=int(data.get("max_batch", 1)),
                 pair_worth=_pair_worth(data.get("pair_worth", {})),
+                requires=[str(r) for r in data.get("requires", [])],
                 schema_version=version,
             )
         except (KeyError, TypeError, ValueError) as exc:

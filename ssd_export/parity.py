@@ -184,6 +184,8 @@ def _run_in_place(session, ids: np.ndarray, past_len: int, new_len: int, n_layer
             binding.bind_output(contract.AUX_HIDDEN)
         if contract.ATTEND_ROWS in {i.name for i in session.get_inputs()}:   # the rows graph
             binding.bind_cpu_input(contract.ATTEND_ROWS, np.arange(stop, dtype=np.int64))
+        if contract.TREE_MASK in {i.name for i in session.get_inputs()}:     # a chain's mask
+            binding.bind_cpu_input(contract.TREE_MASK, np.tri(stop - start, dtype=np.bool_)[None])
         for i in range(n_layers):
             for j, (past, present) in enumerate(((contract.past_key(i), contract.present_key(i)),
                                                  (contract.past_value(i),

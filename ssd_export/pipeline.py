@@ -211,6 +211,7 @@ def _export(config: ExportConfig, log: _Progress, named: dict[str, str]) -> Mani
                 **text_settings(target.tokenizer)),
             heads=heads, build=_build_info(config), generation=generation,
             max_batch=config.max_batch,
+            requires=["tree"] if traced["target"].tree else [],
         )
         if config.max_batch > 1:
             with log.stage("check batches of rows at their own lengths"):
@@ -302,9 +303,13 @@ def _trace_checked(loaded: LoadedModel, path: Path, max_context: int, config: Ex
     role = loaded.role
     try:
         with log.stage(f"trace the {role} ({loaded.architecture}, {graph} graph)"):
-            traced = export_decoder(loaded.model, loaded.source, path, max_context, graph, aux)
+            # a target takes draft trees where its flavour can (design §2, "Trees")
+            traced = export_decoder(loaded.model, loaded.source, path, max_context, graph, aux,
+                                    tree=role == "target")
         if traced.moe_note:
             log.print(f"    {role}: {traced.moe_note}")
+        if traced.tree_note:
+            log.print(f"    {role}: no draft trees ({traced.tree_note})")
         with log.stage(f"parity of the {role} against Hugging Face"):
             return traced, check_parity(loaded.model, traced.path, role, config.max_draft,
                                         config.dtype, max_context, graph=graph,
@@ -400,11 +405,12 @@ def _entry(root: Path, loaded: LoadedModel, traced: TracedModel,
         source=str(loaded.source), num_layers=traced.num_layers,
         num_kv_heads=traced.num_kv_heads, head_dim=traced.head_dim,
         vocab_size=traced.vocab_size, kv_dtype=traced.kv_dtype, logits_dtype="float32",
-        inputs=contract.input_names(traced.num_layers, traced.graph),
+        inputs=contract.input_names(traced.num_layers, traced.graph)
+        + ([contract.TREE_MASK] if traced.tree else []),
         outputs=contract.output_names(traced.num_layers, traced.graph, bool(traced.aux_layer_ids))
         + ([contract.TOP_ID, contract.TOP_PROB] if traced.tops else []),
         parameters=traced.parameters, parity=parity, graph=traced.graph, moe=traced.moe,
-        fused=traced.fused)
+        fused=traced.fused, tree=traced.tree, tree_note=traced.tree_note)
 
 
 def _build_info(config: ExportConfig) -> dict:

@@ -34,7 +34,7 @@ def trace_rows(export, loaded, target: TracedModel, max_context: int) -> TracedM
     weights are quantized: `export` is graphs.trace.export_decoder)."""
     path = target.path.parent / _TRACE / "model.onnx"
     return export(loaded.model, loaded.source, path, max_context, contract.ROWS,
-                  target.aux_layer_ids)
+                  target.aux_layer_ids, tree=target.tree)
 
 
 def quantize_rows(traced: Path, scheme, vocab_size: int) -> None:

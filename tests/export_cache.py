@@ -59,11 +59,12 @@ def default_folder() -> Path | None:
 
 # ---- keys -----------------------------------------------------------------------------------
 
-def trace_key(model, max_context: int, graph: str, aux_layers: tuple[int, ...] = ()) -> str:
+def trace_key(model, max_context: int, graph: str, aux_layers: tuple[int, ...] = (),
+              tree: bool = False) -> str:
     """Everything `export_decoder` reads but the source name, which only error messages
     (never cached) carry: the graph code, the tool versions, the model itself."""
     return _digest("trace", FORMAT, sources(TRACE_SOURCES), versions(), model_digest(model),
-                   max_context, graph, list(aux_layers))
+                   max_context, graph, list(aux_layers), tree)
 
 
 def bundle_key(config) -> str:
@@ -156,19 +157,20 @@ def _digest(*parts) -> str:
 # ---- entries --------------------------------------------------------------------------------
 
 def traced(export, model, source: str, path: Path, max_context: int, graph: str,
-           aux_layers: tuple[int, ...] = ()):
+           aux_layers: tuple[int, ...] = (), tree: bool = False):
     """`export(model, source, path, max_context, graph, aux_layers)` (graphs/trace.py's
-    export_decoder), or its files and TracedModel from the cache; an exception is never
-    cached."""
+    export_decoder; `tree=True` passed on where asked), or its files and TracedModel from the
+    cache; an exception is never cached."""
     from ssd_graphs.trace import TracedModel
 
+    more = {"tree": True} if tree else {}
     if _root is None:
-        return export(model, source, path, max_context, graph, aux_layers)
-    key = trace_key(model, max_context, graph, aux_layers)
+        return export(model, source, path, max_context, graph, aux_layers, **more)
+    key = trace_key(model, max_context, graph, aux_layers, tree)
     entry = _root / "traces" / key
     with _locked(key):
         if not (entry / DONE).exists():
-            result = export(model, source, path, max_context, graph, aux_layers)
+            result = export(model, source, path, max_context, graph, aux_layers, **more)
             meta = {k: v for k, v in dataclasses.asdict(result).items() if k != "path"}
             with _writing(entry) as tmp:
                 for file in _files_of(result.path):
@@ -218,7 +220,8 @@ def tracing_cached():
         return
     real = trace.export_decoder
     pipeline.export_decoder = lambda model, source, path, max_context, graph="standard", \
-        aux_layers=(): traced(real, model, source, path, max_context, graph, aux_layers)
+        aux_layers=(), tree=False: traced(real, model, source, path, max_context, graph,
+                                          aux_layers, tree)
     try:
         yield
     finally:

@@ -33,9 +33,10 @@ from .base import DTYPES
 from .ort_batch import OrtBatchMixin
 from .ort_rows import RowsGraph, rows_path
 from .ort_session import binders, check_onnxruntime, runner, session_options
+from .ort_tree import OrtTreeMixin
 
 
-class OrtCpuSession(OrtBatchMixin):
+class OrtCpuSession(OrtBatchMixin, OrtTreeMixin):
     """A model on ONNX Runtime's CPU provider with IOBinding over numpy arenas."""
 
     backend = "cpu"
@@ -99,6 +100,7 @@ class OrtCpuSession(OrtBatchMixin):
         self._rows: RowsGraph | None = None
         self._scratch = self._allocate_scratch() if max_batch > 1 and not self.in_place else None
         self._init_extras(max(width, PREFILL_CHUNK))
+        self._init_tree(width)       # a target that takes draft trees (ort_tree.py)
 
     def _init_extras(self, rows: int) -> None:
         """Host buffers for a graph's inputs and outputs beyond the contract's (docs/design.md
@@ -222,6 +224,7 @@ class OrtCpuSession(OrtBatchMixin):
             bind_host, e = self._bind_host_in, self.entry
             bind_host(contract.INPUT_IDS, np.int64, (1, n), self._ids_ptr)
             bind_host(contract.POSITION_IDS, np.int64, (1, n), self._pos_ptr)
+            self._bind_mask(1, n)
             if logits_out:
                 self._bind_out(contract.LOGITS, self.logits_dtype, (1, n, e.vocab_size),
                                self._logits_addr + logits_row * e.vocab_size
@@ -296,7 +299,8 @@ class OrtCpuSession(OrtBatchMixin):
         found_out = [o.name for o in self.session.get_outputs()]
         want_in = contract.input_names(self.entry.num_layers, self.entry.graph)
         want_out = contract.output_names(self.entry.num_layers, self.entry.graph)
-        found_in = [n for n in found_in if n not in contract.HEAD_INPUTS]   # a head's (§14)
+        found_in = [n for n in found_in if n not in contract.HEAD_INPUTS   # a head's (§14)
+                    and n != contract.TREE_MASK]                          # trees' (ort_tree)
         if found_in == want_in[:-1] and want_in[-1:] == [contract.ATTEND_ROWS]:
             want_in = found_in     # a static graph of schema 9 or older, or a head's: no L
         found_out = [n for n in found_out if n not in contract.EXTRA_OUTPUTS]

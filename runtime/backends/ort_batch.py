@@ -81,6 +81,7 @@ class OrtBatchMixin:
         bind_host = self._bind_host_in
         bind_host(contract.INPUT_IDS, np.int64, (B, T), self._ids_ptr)
         bind_host(contract.POSITION_IDS, np.int64, (B, T), self._pos_ptr)
+        self._bind_mask(B, T)
         self._bind_extras(B, T)
         self._bind_out(contract.LOGITS, self.logits_dtype, (B, T, e.vocab_size),
                        self._logits_addr)

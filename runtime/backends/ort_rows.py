@@ -31,6 +31,8 @@ class RowsGraph:
     def __init__(self, owner, session, binders, runner) -> None:
         self.owner, self.session = owner, session
         found = [i.name for i in self.session.get_inputs()]
+        self.takes_trees = found[-1:] == [contract.TREE_MASK]   # (ort_tree.py; design §2)
+        found = found[:-1] if self.takes_trees else found
         want = contract.input_names(owner.entry.num_layers, contract.ROWS)
         if found != want:
             raise BackendError(f"{owner.name} rows graph does not follow the contract: "
@@ -49,8 +51,9 @@ class RowsGraph:
         self.attend = np.zeros(owner.max_context, np.int64)
         self._slots: int | None = None          # how many slots the caches are bound for
 
-    def run(self, B: int, T: int, live: int) -> None:
-        """Slots 0..B-1, T tokens each, attention over cache rows [0, live)."""
+    def run(self, B: int, T: int, live: int, trees: bool = False) -> None:
+        """Slots 0..B-1, T tokens each, attention over cache rows [0, live); `trees`: the
+        owner's mask buffer holds the rows' trees (OrtTreeMixin.forward_rows_tree)."""
         owner, e = self.owner, self.owner.entry
         if self._slots != B:
             # the binding rule's one exception (design §2): the whole cache as past and present,
@@ -66,6 +69,8 @@ class RowsGraph:
         self._bind_in(contract.INPUT_IDS, np.int64, (B, T), ids)
         self._bind_in(contract.POSITION_IDS, np.int64, (B, T), positions)
         self._bind_in(contract.ATTEND_ROWS, np.int64, (live,), self.attend.ctypes.data)
+        if self.takes_trees:          # B chains' lower triangles, as the owner keeps them
+            owner._bind_mask(B, T, self._bind_in, trees)
         for name, buf in owner.extra_out.items():     # a head's features (design §14)
             self._bind_out(name, np.float32, (B, T, buf.shape[1]), buf.ctypes.data)
         self._bind_out(contract.LOGITS, owner.logits_dtype, (B, T, e.vocab_size), logits)

@@ -22,8 +22,9 @@ from typing import Protocol
 import numpy as np
 
 from ..backends.base import ModelSession
-from .lookup import Lookup
+from .lookup import Lookup, lookup_tree
 from .rules import Rule
+from .tree import Tree
 
 
 class Schedule(Protocol):
@@ -83,11 +84,19 @@ class Drafter:
         # this round only (Loop.round, under auto): a draft that lookup's rounds left far
         # behind waits for lookup to pause before it pays its catch-up; lookup still drafts
         self.waits = False
+        # lookup trees (design §4, "Trees"): set by the loop each round, the most nodes a tree
+        # may have (0: chains only; the target takes no tree, or a batch); `tree`: this
+        # round's, where lookup offered several continuations, else None
+        self.tree_nodes = 0
+        self.tree: Tree | None = None
         target_vocab, draft_vocab = vocab or (0, 0)
         self.cut = target_vocab if draft_vocab > target_vocab else None   # draft rows to keep
         self.unknown = draft_vocab if target_vocab > draft_vocab else None   # ids to replace
 
     extends_lookup = True       # the model may draft on after lookup's tokens (one call)
+    # a lookup tree's nodes beyond its chain's, as a fraction of the chain's rows (at least
+    # one; 0: chains only): the verification's price of a tree is not learnt (design §4)
+    tree_extra = 0.5
 
     def feed(self, seq: list[int], drafts: list[int]) -> list[int]:
         """What the round's first draft call takes: every token the draft has not seen, the
@@ -133,6 +142,7 @@ class Drafter:
         schedule's cap on model tokens."""
         self.from_lookup = self.from_prediction = self.from_earlier = 0
         self.synced = True
+        self.tree = None
         schedule = self.schedule
         model = self.fed and not self.waits        # the draft model drafts this round
         forced = self.rule.forced(self.room)
@@ -164,6 +174,12 @@ class Drafter:
                 if not (model and self.extends_lookup and behind <= k
                         and schedule.extend_lookup(taken, k)):
                     self.synced = False            # the draft has not seen these
+                    if self.tree_nodes > taken + 1 and self.tree_extra > 0:
+                        # every continuation the text offers, as deep as the chosen one, in
+                        # up to tree_extra times the chain's rows more (design §4, "Trees")
+                        extra = max(1, round(self.tree_extra * (taken + 1)))
+                        self.tree = lookup_tree(seq[-1], [found[:taken], *self.lookup.others(
+                            seq, taken)], min(self.tree_nodes, taken + 1 + extra))
                     return found[:taken], [None] * taken, 0
                 return found[:taken], [None] * taken, k - taken
         return [], [], max(0, min(k, schedule.model_cap)) if model else 0

@@ -16,7 +16,10 @@ from ..backends.device import DeviceLogits
 from ..backends.select import CUDA_PROVIDER
 from ..errors import BackendError, BundleError
 from .rules import Rule, leading_agreement, random_streams
-from .sampling import SamplingParams, position_uniform
+from .sampling import SamplingParams, position_uniform, probabilities
+from .tree import Tree
+from .tree_draft import race_noise, top_candidates
+from .tree_rules import reject, walk
 
 REQUIRED = ("argmax", "sample", "accept")
 
@@ -110,6 +113,11 @@ class FusedGreedyAcceptance(Rule):
                draft_probs: list, position: int) -> tuple[int, int]:
         return leading_agreement(drafts, self.heads.argmax(target_logits))        # (k+1,)
 
+    def verify_tree(self, target_logits: np.ndarray, tree: Tree, draft_probs: list,
+                    position: int) -> tuple[list[int], int]:
+        choices = self.heads.argmax(target_logits)                                # (N,)
+        return walk(tree, lambda i: int(choices[i]))
+
 
 class FusedSamplingAcceptance(Rule):
     def __init__(self, heads: HeadSessions, params: SamplingParams) -> None:
@@ -120,12 +128,32 @@ class FusedSamplingAcceptance(Rule):
                    ) -> tuple[int, np.ndarray]:
         return self.heads.sample(logits, self.params, position_uniform(self.draft_key, position))
 
+    def draft_candidates(self, row, count: int, position: int, pending=(), node: int = 0,
+                         sampled: bool = False):
+        """As SamplingAcceptance's, on the host (a tree's rows are few)."""
+        q = probabilities(np.asarray(row), self.params)
+        if not sampled:
+            tokens = top_candidates(q, q, count)
+            return tokens, q[tokens], None
+        tokens = top_candidates(q / race_noise(self.draft_key, position, node, len(q)), q, count)
+        return tokens, q[tokens], q
+
     def verify(self, target_logits: np.ndarray, drafts: list[int],
                draft_probs: list[np.ndarray], position: int) -> tuple[int, int]:
         accept_u = self.verify_rng.random(len(drafts))
         final_u = self.verify_rng.random()
         uniforms = np.append(accept_u, final_u)
         return self.heads.accept(target_logits, drafts, draft_probs, uniforms, self.params)
+
+    def verify_tree(self, target_logits: np.ndarray, tree: Tree, draft_probs: list,
+                    position: int) -> tuple[list[int], int]:
+        """The host's recursive rejection (tree_rules.reject) from the same uniforms as
+        SamplingAcceptance.verify_tree: the accept head judges chains only; the rows the walk
+        reads come to the host one by one (indexing device logits copies a row)."""
+        accept_u = self.verify_rng.random(len(tree) - 1)
+        final_u = self.verify_rng.random()
+        return reject(tree, lambda i: probabilities(np.asarray(target_logits[i]), self.params),
+                      draft_probs, accept_u, final_u)
 
 
 @functools.lru_cache(maxsize=16)     # one request's settings, fed on every head call

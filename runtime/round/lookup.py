@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from .tree import Tree
+
 MAX_NGRAM = 3                 # longest suffix matched; 1: a single token
 # who drafts: both, the draft model, lookup; lookup with earlier requests' text (suffix.py:
 # model-free, as vLLM's "suffix" method), and that fused with the draft model
@@ -41,6 +43,10 @@ EARLIER_PRIOR = 0.8
 # What a prediction's tokens are taken to be worth before any is judged (the client claims the
 # output follows it); the schedule learns their real worth from there.
 PREDICTION_PRIOR = 0.9
+# Lookup trees (docs/design.md §4, "Trees"): the most continuations one round offers (the
+# chosen one and the others the text holds for its n-gram, the prediction's, earlier
+# requests'), and the most occurrences of the n-gram read for them (the latest first)
+TREE_PATHS = 8
 
 
 class Prediction:
@@ -122,8 +128,12 @@ class Lookup:
         self.max_ngram, self.prediction, self.sequence = max_ngram, prediction, sequence
         self.earlier = earlier
         self.index: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_ngram + 1)]
+        # every occurrence (the position after it), for lookup trees: `others`
+        self.places: list[dict[tuple[int, ...], list[int]]] = [{} for _ in range(max_ngram + 1)]
         self.indexed = 1              # positions below this have their n-grams indexed
         self.source = "sequence"      # whose continuation the last find returned
+        self._offered: list[list[int]] = []   # the last find's other sources' continuations
+        self._matched = 0                     # ... and its own n-gram's length
 
     def find(self, seq: list[int], limit: int) -> tuple[list[int], int]:
         """Up to `limit` tokens that follow `seq` by lookup, and the class the schedule learns
@@ -132,26 +142,54 @@ class Lookup:
         its n-gram is at least as long (its start, class 2·max_ngram + 1, where the
         sequence's is a single token or none)."""
         own, n = self._own(seq, limit) if self.sequence else ([], 0)
-        self.source = "sequence"
+        self.source, self._matched = "sequence", n
+        self._offered = [own] if own else []
         if self.prediction is not None and limit > 0:
             predicted, m = self.prediction.find(seq, limit)
             # its start (m = max_ngram + 1) is a guess, as strong as a one-token match
             if predicted and (m if m <= self.max_ngram else 1) >= n:
                 self.source = "prediction"
                 return predicted, self.max_ngram + m
+            if predicted:
+                self._offered.append(predicted)
         if self.earlier is not None and limit > 0:
             # a longer match wins (the sequence's own is measured up to max_ngram tokens)
             found, m = self.earlier.find(seq, limit)
             if found and m > n:
                 self.source = "earlier"
                 return found, SUFFIX_LONG if m >= SUFFIX_LONG_MATCH else SUFFIX_SHORT
+            if found:
+                self._offered.append(found)
         return own, n
+
+    def others(self, seq: list[int], limit: int) -> list[list[int]]:
+        """After a find: the other continuations of up to `limit` tokens the text offers for
+        what follows `seq`, best first: those of the sequence's own n-gram at its earlier
+        occurrences (the latest first), then the other sources' that find did not take (the
+        sequence's own chosen one among them where a source beat it). Up to TREE_PATHS - 1;
+        the one find returned is not among them, duplicates are dropped."""
+        out: list[list[int]] = []
+        n = self._matched
+        if n and self.sequence:
+            places = self.places[n].get(tuple(seq[len(seq) - n:]), [])
+            for at in reversed(places[-TREE_PATHS:]):
+                out.append(seq[at:at + limit])
+        out += [path[:limit] for path in self._offered]
+        seen, unique = set(), []
+        for path in out:
+            key = tuple(path)
+            if path and key not in seen:
+                seen.add(key)
+                unique.append(path)
+        return unique[:TREE_PATHS]
 
     def _own(self, seq: list[int], limit: int) -> tuple[list[int], int]:
         end = len(seq)
         for i in range(self.indexed, end):        # n-grams ending before i, continued by seq[i]
             for n in range(1, min(self.max_ngram, i) + 1):
-                self.index[n][tuple(seq[i - n:i])] = i
+                gram = tuple(seq[i - n:i])
+                self.index[n][gram] = i
+                self.places[n].setdefault(gram, []).append(i)
         self.indexed = max(self.indexed, end)
         if limit <= 0:
             return [], 0
@@ -160,3 +198,26 @@ class Lookup:
             if at is not None:
                 return seq[at:at + limit], n
         return [], 0
+
+
+def lookup_tree(root: int, paths: list[list[int]], max_nodes: int) -> Tree | None:
+    """The draft tree of a lookup round (docs/design.md §4, "Trees"): the trie of `paths`
+    (after `root`, the round's last token), path by path, so the first (the continuation
+    the chain would draft) is whole and the others add the nodes it lacks while `max_nodes`
+    (the root included) allow; None where they add none (a chain is drafted as today)."""
+    tokens, parents = [int(root)], [-1]
+    index: dict[tuple[int, ...], int] = {(): 0}
+    for path in paths:
+        prefix: tuple[int, ...] = ()
+        for token in path:
+            parent = index[prefix]
+            prefix = (*prefix, int(token))
+            if prefix in index:
+                continue
+            if len(tokens) >= max_nodes:
+                break
+            index[prefix] = len(tokens)
+            tokens.append(int(token))
+            parents.append(parent)
+    tree = Tree(tokens, parents)
+    return None if tree.is_chain() else tree

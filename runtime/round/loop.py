@@ -21,6 +21,8 @@ from ..backends.base import ModelSession
 from .drafting import Drafter, Schedule, call
 from .logprobs import Logprobs
 from .rules import Rule
+from .tree import Tree, Verdicts
+from .tree_round import batch_inputs, judge
 
 # tokens a draft left behind may catch up on whenever it drafts (a round's worth: its prefill
 # costs about a draft step); further behind, see Loop.round
@@ -46,8 +48,12 @@ class Stats:
     earlier_accepted: int = 0
     forced: int = 0               # tokens a response_format's grammar forced, verified beside
     forced_accepted: int = 0      # the drafts (not in drafted: no one drafted them; design §4)
+    tree_rounds: int = 0          # rounds that verified a draft tree (lookup's; design §4)
+    tree_nodes: int = 0           # ... and its nodes after the root (drafted counts the depth)
+    tree_gained: int = 0          # ... and the tokens they took past the chosen chain's
     split_bets: int = 0           # split mode: rounds whose next round was drafted ahead
     split_hits: int = 0           # ... and whose bet was right
+    verdicts: Verdicts = field(default_factory=Verdicts)   # acceptance by depth and rank
     mode: str = "sequential"
     threads: str = ""             # intra-op threads "target:draft"
     stop_reason: str = ""
@@ -81,8 +87,21 @@ class Stats:
         decode = self.seconds["decode"]
         return self.new_tokens / decode if decode > 0 else 0.0
 
+    @property
+    def nodes_per_round(self) -> float:
+        """Draft nodes verified a round (a chain's k; a tree's nodes but the root)."""
+        return self.verdicts.nodes / self.rounds if self.rounds else 0.0
+
+    def observe_tree(self, tree: Tree, path: list[int]) -> None:
+        """A round that verified `tree` and accepted `path`: its nodes, and the nodes its
+        verdict judged by depth and rank (drafted and accepted count the path as a chain's)."""
+        self.tree_rounds += 1
+        self.tree_nodes += len(tree) - 1
+        self.verdicts.tree(tree, path)
+
     def as_dict(self) -> dict:
-        return {**{k: v for k, v in self.__dict__.items() if k != "seconds"},
+        return {**{k: v for k, v in self.__dict__.items() if k not in ("seconds", "verdicts")},
+                "nodes_per_round": self.nodes_per_round, **self.verdicts.as_dict(),
                 "acceptance_rate": self.acceptance_rate,
                 "lookup_acceptance_rate": self.lookup_acceptance_rate,
                 "model_acceptance_rate": self.model_acceptance_rate,
@@ -128,10 +147,15 @@ class Row:
 class Loop:
     """Rounds over a target and a draft session (their arenas' slots hold the rows)."""
 
+    trees = True    # lookup's trees where the target takes them (off: chains, tree_bench.py)
+
     def __init__(self, target: ModelSession, draft: ModelSession) -> None:
         self.target, self.draft = target, draft
         self.max_context = target.max_context
         self.max_draft = target.max_new_len - 2     # the bundle's: a verification's drafts
+        # the most nodes a row alone's tree may have (ort_tree.py; design §2, §4 "Trees")
+        self.tree_nodes = self.max_draft + 1 \
+            if self.trees and getattr(target, "takes_trees", False) else 0
         # the last round's (draft seconds, draft calls, verify seconds, verified width), its
         # draft seconds without the catch-up prefills, which are `caught_up`: (tokens, seconds)
         self.last: tuple[float, int, float, int] = (0.0, 0, 0.0, 0)
@@ -172,6 +196,10 @@ class Loop:
                 # drafts as asked)
                 behind = len(row.seq) - 1 - row.drafter.draft_len
                 row.drafter.waits = behind > room or behind > FREE_CATCH_UP and not row.dry
+            # (not beside a head, whose features the target writes by row: design §14)
+            row.drafter.tree_nodes = min(self.tree_nodes, most - row.target_len if one
+                                         else most + 1) if hasattr(row.rule, "verify_tree") \
+                and getattr(self.target, "on_aux", None) is None else 0
             row.drafts, row.probs, row.left = row.drafter.start(row.seq, row.k)
         steps = self._draft(rows, span)
         t1 = perf_counter()
@@ -180,17 +208,24 @@ class Loop:
         logits = self._verify(rows, span)
         t2 = perf_counter()
         self.last = (t1 - t0 - sum(s for _, s in self.caught_up), steps, t2 - t1,
-                     1 + max(len(row.drafts) for row in rows))
+                     max(len(row.drafter.tree) if row.drafter.tree is not None
+                         else 1 + len(row.drafts) for row in rows))
         emitted = []
         for row in rows:
             d = row.drafts
             rows_logits = logits if one else logits[row.slot, :len(d) + 1]
-            j, t = row.rule.verify(rows_logits, d, row.probs, row.target_len + 1)
+            tree = row.drafter.tree
+            if tree is not None:                 # the path taken stands in for the drafts
+                d, j, t, rows_logits, seen = judge(
+                    row, tree, logits if one else logits[row.slot, :len(tree)], self.target)
+            else:
+                j, t = row.rule.verify(rows_logits, d, row.probs, row.target_len + 1)
+                seen = j                         # what the schedule learns from
             forced = row.drafter.forced_at       # the grammar's (design §4): not the schedule's
             passed = sum(i < j for i in forced)
             if cap != 0:                         # (nothing drafted: nothing to learn)
-                row.schedule.observe(len(d) - len(forced), j - passed,
-                                     t2 - t0 if one else None, len(forced))
+                row.schedule.observe(len(d) - len(forced), seen - passed,
+                                     t2 - t0 if one and tree is None else None, len(forced))
             row.target_len += j + 1              # rows for last, d1..dj stay valid
             row.drafter.settle(row.target_len, j == len(d), t)
             new = [*d[:j], t]
@@ -209,6 +244,8 @@ class Loop:
             st.forced_accepted += passed
             st.drafted += len(d) - len(forced)
             st.accepted += j - passed
+            if tree is None:                     # (a tree's verdicts: tree_round.judge)
+                st.verdicts.chain(len(d), j)
             if taken := row.drafter.from_lookup:
                 st.lookup_drafted += taken
                 st.lookup_accepted += min(j, taken)
@@ -347,9 +384,16 @@ class Loop:
         to the longest (row b's padding is written past its valid rows and never kept)."""
         if span is None:
             row = rows[0]
+            tree = row.drafter.tree
+            if tree is not None:                 # lookup's tree (design §4, "Trees")
+                return self.target.forward_tree(tree.tokens, tree.ancestors(), tree.depth,
+                                                row.target_len, row.slot)
             return call(self.target.forward, np.asarray([row.seq[-1], *row.drafts], np.int64),
                         row.target_len, row.slot)
         slots = max(row.slot for row in rows) + 1
+        if any(row.drafter.tree is not None for row in rows):    # rows' trees (design §4)
+            return self.target.forward_rows_tree(*batch_inputs(
+                rows, slots, np.asarray(span[0][:slots], np.int64).copy()))
         width = 1 + max(len(row.drafts) for row in rows)
         ids = np.zeros((slots, width), np.int64)
         real = np.zeros(slots, np.int64)

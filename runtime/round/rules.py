@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from .processors import Processors
+from .tree_draft import softmax, top_candidates
 
 
 class Rule:
@@ -25,6 +26,18 @@ class Rule:
         and `pending` (grammar.Matcher.forced); none without one."""
         matcher = None if self.processors is None else self.processors.matcher
         return [] if matcher is None else matcher.forced(limit, pending)
+
+    def draft_candidates(self, row: np.ndarray, count: int, position: int,
+                         pending: list[int] = (), node: int = 0, sampled: bool = False
+                         ) -> tuple[list[int], np.ndarray, np.ndarray | None]:
+        """A tree node's `count` candidates from the draft's row of logits (tree_draft.py):
+        (tokens, their draft probabilities, q for the verdict). Here the top-`count` of the
+        processed row's softmax, deterministic: point masses (q None). `sampled`: a rule that
+        samples draws them from q instead, without replacement, and returns q (tree_draft.expand
+        then never cuts them by their own value)."""
+        q = softmax(self._processed(np.asarray(row), list(pending)))   # (vocab,)
+        tokens = top_candidates(q, q, count)
+        return tokens, q[tokens], None
 
     def _processed(self, row: np.ndarray, pending: list[int]) -> np.ndarray:
         return row if self.processors is None else self.processors.apply(row, pending)

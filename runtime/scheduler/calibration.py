@@ -8,6 +8,7 @@ from time import perf_counter
 import numpy as np
 
 from ..backends.base import ModelSession
+from ..errors import ConfigError
 from .cost import CostModel, rising
 
 
@@ -42,3 +43,29 @@ def calibrate(target: ModelSession, draft: ModelSession, max_draft: int, past_le
     first = float(np.median(first_times))
     later = float(np.median(draft_times)) if draft_times else first
     return CostModel(target_step=verify[0], draft_step=later, verify=verify, draft_first=first)
+
+
+def calibrate_rows(target: ModelSession, rows: list[int], past_len: int = 128,
+                   repeats: int = 9) -> dict[int, float]:
+    """v(N) for a draft tree (tree_plan.py): the median seconds of target passes of N new rows
+    for each N of `rows`, over `past_len` committed ones, each after a one-row pass (the
+    loop's pattern: a round's verification follows the last one's), never decreasing in N. A
+    tree's mask changes what each row reads, not how much is computed: a chain's call of N
+    rows costs what a tree's does."""
+    rows = sorted(set(rows))
+    if rows[0] < 1 or rows[-1] > target.max_new_len:
+        raise ConfigError(f"v(N) is timed for 1 <= N <= {target.max_new_len} rows (the target "
+                          f"graph's most new tokens a call); asked for {rows}.")
+    past_len = min(past_len, target.max_context - rows[-1] - 1)
+    target.prefill(np.zeros(past_len, np.int64))
+    one = np.zeros(1, np.int64)
+    times: dict[int, list[float]] = {n: [] for n in rows}
+    for r in range(repeats + 1):                       # the first pass warms up
+        for n in rows:
+            target.forward(one, past_len)
+            ids = np.zeros(n, np.int64)
+            t0 = perf_counter()
+            target.forward(ids, past_len)
+            if r:
+                times[n].append(perf_counter() - t0)
+    return dict(zip(rows, rising([float(np.median(times[n])) for n in rows])))

@@ -311,12 +311,18 @@ def usage_body(result: GenerationResult) -> dict[str, Any]:
 def speculative_body(result: GenerationResult, replica: str) -> dict[str, Any]:
     """The `speculative` extension: this request's draft/verify statistics."""
     s = result.stats
+    verdicts = s.verdicts.as_dict()
     return {"k": s.k, "acceptance_rate": s.acceptance_rate,
             "mean_accepted_per_round": s.mean_accepted_per_round, "rounds": s.rounds,
             "tokens_per_s": s.tokens_per_s, "drafted": s.drafted, "accepted": s.accepted,
             "lookup_drafted": s.lookup_drafted, "lookup_accepted": s.lookup_accepted,
             "earlier_drafted": s.earlier_drafted, "earlier_accepted": s.earlier_accepted,
-            "forced": s.forced, "backend": s.backend, "replica": replica}
+            "forced": s.forced, "backend": s.backend, "replica": replica,
+            # draft trees (docs/design.md §5): nodes verified a round and acceptance by depth
+            # and rank (a chain's rounds count as depth j, rank 0)
+            "nodes_per_round": s.nodes_per_round, "tree_rounds": s.tree_rounds,
+            "acceptance_by_depth": verdicts["acceptance_by_depth"],
+            "acceptance_by_rank": verdicts["acceptance_by_rank"]}
 
 
 def completion_body(rid: str, model: str, result: GenerationResult, replica: str,

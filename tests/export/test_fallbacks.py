@@ -23,11 +23,11 @@ def trace(monkeypatch, tmp_path: Path, ort_error: Exception | None):
     """_trace_checked under --graph auto, the ort trace raising `ort_error`."""
     graphs = []
 
-    def export_decoder(model, source, path, max_context, graph, aux_layers=()):
+    def export_decoder(model, source, path, max_context, graph, aux_layers=(), tree=False):
         graphs.append(graph)
         if graph == "ort" and ort_error is not None:
             raise ort_error
-        return SimpleNamespace(path=path, moe_note=None, graph=graph)
+        return SimpleNamespace(path=path, moe_note=None, graph=graph, tree_note="")
 
     monkeypatch.setattr(pipeline, "export_decoder", export_decoder)
     monkeypatch.setattr(pipeline, "check_parity", lambda *a, **k: {"logits": 0.0})

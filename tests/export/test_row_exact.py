@@ -106,7 +106,9 @@ def test_a_static_rows_bits_do_not_depend_on_how_many_rows_it_attends(bundle_fac
     token (a decode step) and at k+1 (a verification)."""
     bundle = bundle_factory("llama", "llama_cut", graph="static", quant=quant)
     m = read_manifest(bundle)
-    assert m.target.graph == contract.STATIC and m.target.inputs[-1] == contract.ATTEND_ROWS
+    # (a target's last input is its draft trees' mask, schema 13: design §2 "Trees")
+    assert m.target.graph == contract.STATIC and m.target.inputs[-2:] == [contract.ATTEND_ROWS,
+                                                                          contract.TREE_MASK]
     session = cpu_session("target", bundle, m, threads=2, max_batch=2)
     assert session.attends_rows
     T = m.max_draft + 1

@@ -34,7 +34,8 @@ def test_the_rows_graph_reads_the_targets_weights_file(bundle_factory):
     model, shared, own = _weights(bundle)
     data = (bundle / "target" / "model.onnx.data").stat().st_size
     assert shared > 0.9 * data and own < 0.05 * data     # one copy of the weights on disk
-    assert [i.name for i in model.graph.input][-1] == "attend_rows"
+    # (then a target's draft trees' mask, schema 13: design §2 "Trees")
+    assert [i.name for i in model.graph.input][-2:] == ["attend_rows", "tree_mask"]
     assert json.loads((bundle / "manifest.json").read_text())["schema_version"] >= 8
 
 

@@ -34,6 +34,10 @@ def test_bench_report(bundle_factory, tmp_path, capsys):
         assert 0 <= r["host_share"] < 1
         if k == 2:
             assert r["mean_k"] <= 2 and r["bound"] > 0 and r["bound_alpha"] == r["alpha"]
+            # a chain's rounds: depths 1..2 at rank 0, no tree rounds; nodes a round = mean k
+            assert r["nodes_per_round"] == r["mean_k"] and r["tree_rounds"] == 0
+            assert len(r["acceptance_by_depth"]) <= 2 and len(r["acceptance_by_rank"]) == 1
+            assert f"{r['config']}: nodes/round {r['nodes_per_round']:.1f}" in table
         if k == "auto":         # the best fixed k's bound, at the α of the k=2 row beside it
             cal, alpha = report["calibration"][threads], rows[(2, mode, threads)]["alpha"]
             assert r["bound_alpha"] == alpha

@@ -112,6 +112,14 @@ def test_completion_equals_generator(client, gen, temperature, seed, penalties):
     assert spec["acceptance_rate"] == pytest.approx(ref.stats.acceptance_rate)
     assert spec["mean_accepted_per_round"] == pytest.approx(ref.stats.mean_accepted_per_round)
     assert spec["tokens_per_s"] > 0
+    # acceptance by depth (a chain's round: depth j, rank 0), nodes a round = mean k
+    want = ref.stats.as_dict()
+    assert spec["nodes_per_round"] == pytest.approx(ref.stats.mean_k) and spec["tree_rounds"] == 0
+    assert spec["acceptance_by_depth"] == pytest.approx(want["acceptance_by_depth"])
+    assert spec["acceptance_by_rank"] == pytest.approx(want["acceptance_by_rank"])
+    verdicts = ref.stats.verdicts
+    assert sum(verdicts.depth_accepted) == ref.stats.accepted + ref.stats.forced_accepted
+    assert all(t <= ref.stats.rounds for t in verdicts.depth_tried)
 
 
 def test_chat_completion_uses_the_template(bundle, client, gen):

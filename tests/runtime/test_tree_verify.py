@@ -1,0 +1,284 @@
+"""Draft trees in the verification contract (docs/design.md §2 "Trees", §3): an ort target's
+tree call gives each node the logits of its path run as a chain, the accepted path's rows
+compacted keep the next calls exact, and bundles say whether they take trees."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from ssd_runtime import Generator
+from ssd_runtime.errors import BackendError, BundleError
+from ssd_runtime.manifest import read_manifest
+from ssd_runtime.round.lookup import lookup_tree
+from ssd_runtime.round.tree import Tree
+
+PROMPT = [3, 17, 44, 9, 120, 7, 7, 31, 250, 12, 5, 88]
+
+
+@pytest.fixture(scope="module")
+def tree_bundle(bundle_factory):
+    return bundle_factory("llama", "llama_cut")
+
+
+def _target(bundle):
+    return Generator.load(bundle, backend="cpu", threads=1).target
+
+
+def test_the_ort_target_takes_trees_and_the_bundle_says_so(tree_bundle):
+    m = read_manifest(tree_bundle, verify=False)
+    assert m.target.graph == "ort"
+    assert m.target.tree and m.target.tree_note == ""
+    assert m.target.inputs[-1] == "tree_mask"
+    assert m.requires == ["tree"]
+    assert not m.draft.tree
+
+
+def test_a_tree_call_gives_each_node_its_path_as_a_chain(tree_bundle):
+    target = _target(tree_bundle)
+    prompt = np.asarray(PROMPT, np.int64)
+    past = len(prompt)
+    tree = Tree.from_paths(5, [[7, 8, 9], [7, 10], [11, 12, 13], [14]], max_nodes=9)
+    assert len(tree) == 9 and not tree.is_chain()
+    target.prefill(prompt)
+    got = target.forward_tree(tree.tokens, tree.ancestors(), tree.depth, past).copy()
+    for leaf in tree.leaves():
+        path = tree.path(leaf)
+        target.prefill(prompt)
+        chain = target.forward(tree.tokens[path], past).copy()
+        # the same keys, rows of other branches between them adding exact zeros: equal up to
+        # the sums' order, and the same argmax
+        np.testing.assert_allclose(got[path], chain, atol=2e-5, rtol=0)
+        assert np.array_equal(got[path].argmax(-1), chain.argmax(-1))
+
+
+def test_a_chain_through_the_tree_input_gives_the_chain_call_bit_for_bit(tree_bundle):
+    target = _target(tree_bundle)
+    prompt, drafts = np.asarray(PROMPT, np.int64), [5, 6, 7, 8]
+    target.prefill(prompt)
+    one = target.forward(np.asarray(drafts[:1]), len(prompt)).copy()
+    chain = target.forward(np.asarray(drafts), len(prompt)).copy()
+    tree = Tree.chain(drafts[0], drafts[1:])
+    got = target.forward_tree(tree.tokens, tree.ancestors(), tree.depth, len(prompt)).copy()
+    assert np.array_equal(got, chain)
+    # chain calls after a tree call bind their own mask again: the same bits as before it
+    assert np.array_equal(target.forward(np.asarray(drafts[:1]), len(prompt)), one)
+    assert np.array_equal(target.forward(np.asarray(drafts), len(prompt)), chain)
+
+
+def test_compacted_rows_keep_the_next_calls_exact(tree_bundle):
+    """The accepted path [root, n2, n3] (not the first branch) moved to rows past..past+2: the
+    next call reads the rows a chain of that path would have written."""
+    tree_side, chain_side = _target(tree_bundle), _target(tree_bundle)
+    prompt = np.asarray(PROMPT, np.int64)
+    past = len(prompt)
+    tree = Tree.from_paths(5, [[7, 8], [11, 12]], max_nodes=5)      # 0:5 1:7 2:11 3:8 4:12
+    path = tree.path(4)                                              # [0, 2, 4]
+    tree_side.prefill(prompt)
+    tree_side.forward_tree(tree.tokens, tree.ancestors(), tree.depth, past)
+    tree_side.compact_rows(past, path)
+    chain_side.prefill(prompt)
+    chain_side.forward(tree.tokens[path], past)
+    for layer in range(len(tree_side.keys)):
+        for a, b in ((tree_side.keys, chain_side.keys), (tree_side.values, chain_side.values)):
+            np.testing.assert_allclose(a[layer][0, :, :past + 3], b[layer][0, :, :past + 3],
+                                       atol=1e-5, rtol=0)
+    nxt = np.asarray([40, 41, 42], np.int64)
+    got = tree_side.forward(nxt, past + 3).copy()
+    want = chain_side.forward(nxt, past + 3).copy()
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)
+    assert np.array_equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_a_tree_past_the_bundles_verification_width_is_refused(tree_bundle):
+    target = _target(tree_bundle)
+    n = target.max_new_len + 1
+    tree = Tree.from_paths(1, [[2 + i] for i in range(n - 1)], max_nodes=n)
+    target.prefill(np.asarray(PROMPT, np.int64))
+    with pytest.raises(BackendError, match=rf"a draft tree of {n} nodes exceeds the "
+                                           rf"{target.max_new_len} tokens.*--max-draft"):
+        target.forward_tree(tree.tokens, tree.ancestors(), tree.depth, len(PROMPT))
+
+
+def test_a_tree_of_a_target_without_the_tree_input_is_one_clear_error(tree_bundle):
+    target = _target(tree_bundle)
+    target.takes_trees = False          # as a bundle from before schema 13 opens
+    tree = Tree.chain(1, [2])
+    with pytest.raises(BackendError, match="takes no draft tree.*re-export"):
+        target.forward_tree(tree.tokens, tree.ancestors(), tree.depth, 0)
+
+
+def test_a_runtime_that_predates_trees_refuses_a_tree_bundle_by_name(tree_bundle, tmp_path,
+                                                                   monkeypatch):
+    """An older runtime (its schema number and the names it knows) reads the manifest."""
+    from ssd_runtime import manifest as manifest_module
+
+    copy = tmp_path / "bundle"
+    shutil.copytree(tree_bundle, copy)
+    monkeypatch.setattr(manifest_module, "SCHEMA_VERSION", 12)
+    monkeypatch.setattr(manifest_module, "REQUIRES", ())
+    with pytest.raises(BundleError, match=r"schema_version 13 is newer than this runtime reads "
+                                          r"\(up to 12\) and needs 'tree', which this runtime "
+                                          r"predates.*upgrade"):
+        read_manifest(copy, verify=False)
+    monkeypatch.undo()
+    data = json.loads((copy / "manifest.json").read_text())
+    data["requires"] = ["tree", "telepathy"]
+    (copy / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(BundleError, match=r"needs 'telepathy', which this runtime predates"):
+        read_manifest(copy, verify=False)
+
+
+def _prediction_trials(gen, trials: int = 4):
+    """Prompts whose last 3-gram occurred once before, followed by other tokens than the
+    target writes, and the target's own answer as the request's prediction: the sequence's
+    lookup (the longer match) wins the chain, the prediction's start is the other path."""
+    rng = np.random.default_rng(1)
+    for _ in range(trials):
+        abc = [int(x) for x in rng.integers(5, 300, 3)]
+        prompt = [int(x) for x in rng.integers(5, 300, 5)] + abc + \
+            [int(x) for x in rng.integers(5, 300, 8)] + [7] + abc
+        yield prompt, gen.generate(prompt, max_new_tokens=24, k=0, ignore_eos=True).token_ids
+
+
+@pytest.mark.parametrize("k", [4, "auto"])
+def test_greedy_with_lookup_trees_is_k0_and_takes_the_branch_the_chain_missed(
+        tree_bundle, monkeypatch, k):
+    from ssd_runtime.round.loop import Loop
+
+    gen = Generator.load(tree_bundle, backend="cpu", threads=1)
+    rounds, gained = {True: 0, False: 0}, 0
+    for prompt, alone in _prediction_trials(gen):
+        for trees in (True, False):
+            monkeypatch.setattr(Loop, "trees", trees)
+            res = gen.generate(prompt, max_new_tokens=24, k=k, draft_source="lookup",
+                               ignore_eos=True, prediction=alone)
+            assert res.token_ids == alone, (prompt, trees)
+            rounds[trees] += res.stats.rounds
+            gained += res.stats.tree_gained
+            assert trees or res.stats.tree_rounds == 0
+    # a fixed k drafts the sequence's own continuation first, which the tree's other branch
+    # beats; auto's schedule may take the prediction first, where both drafts agree
+    assert gained > 0 if k == 4 else gained >= 0
+    assert rounds[True] <= rounds[False]
+
+
+def test_seeded_sampling_with_lookup_trees_is_reproducible(tree_bundle):
+    gen = Generator.load(tree_bundle, backend="cpu", threads=1)
+    prompt, alone = next(_prediction_trials(gen, 1))
+    runs = [gen.generate(prompt, max_new_tokens=24, k=4, draft_source="lookup",
+                         prediction=alone, temperature=0.8, seed=11, ignore_eos=True)
+            for _ in range(2)]
+    assert runs[0].token_ids == runs[1].token_ids
+    assert runs[0].stats.tree_rounds > 0
+
+
+@pytest.mark.parametrize("flavour", ["ort", "static"])
+def test_a_batch_of_four_verifies_its_rows_trees_and_gives_each_prompt_alone(
+        tree_bundle, static_bundle, flavour, monkeypatch):
+    """Rows of a batch each verify their own lookup tree in the batch's one call (the ort
+    target's rows graph, or the static graph; design §4, §11); every row gets k=0's tokens,
+    and trees take tokens chains missed."""
+    from ssd_runtime.round.loop import Loop
+
+    bundle = tree_bundle if flavour == "ort" else static_bundle
+    gen = Generator.load(bundle, backend="cpu", threads=1, max_batch=4)
+    trials = list(_prediction_trials(gen, 4))
+    asks = [{"prompt": p, "prediction": alone} for p, alone in trials]
+    gained = {}
+    for trees in (True, False):
+        monkeypatch.setattr(Loop, "trees", trees)
+        results = gen.generate_batch(asks, max_new_tokens=24, k=4, draft_source="lookup",
+                                     ignore_eos=True)
+        assert [r.token_ids for r in results] == [alone for _, alone in trials], trees
+        gained[trees] = sum(r.stats.tree_gained for r in results)
+        assert trees or sum(r.stats.tree_rounds for r in results) == 0
+    assert gained[True] > 0
+
+
+@pytest.fixture(scope="module")
+def static_bundle(bundle_factory):
+    return bundle_factory("llama", "llama_cut", graph="static")
+
+
+def test_the_static_target_takes_trees_and_keeps_its_rows_exact(static_bundle):
+    """The static flavour (design §2, §12): a node on the tree's first path sits at the row a
+    chain's token would, so its logits are the chain's bit for bit (the other branches' rows
+    lie past it, masked: exact zeros); every node's equal its path's up to the sums' order."""
+    m = read_manifest(static_bundle, verify=False)
+    assert m.target.graph == "static" and m.target.tree and m.requires == ["tree"]
+    assert m.target.inputs[-2:] == ["attend_rows", "tree_mask"]
+    target = _target(static_bundle)
+    prompt = np.asarray(PROMPT, np.int64)
+    past = len(prompt)
+    # path by path (lookup_tree): the first path's nodes are rows 0..3, as a chain's
+    tree = lookup_tree(5, [[7, 8, 9], [7, 10], [11, 12, 13], [14]], max_nodes=9)
+    target.prefill(prompt)
+    got = target.forward_tree(tree.tokens, tree.ancestors(), tree.depth, past).copy()
+    first = tree.path(3)
+    assert first == [0, 1, 2, 3] and len(tree) == 9
+    for leaf in tree.leaves():
+        path = tree.path(leaf)
+        target.prefill(prompt)
+        chain = target.forward(tree.tokens[path], past).copy()
+        if path == first:
+            assert np.array_equal(got[path], chain)
+        np.testing.assert_allclose(got[path], chain, atol=2e-5, rtol=0)
+        assert np.array_equal(got[path].argmax(-1), chain.argmax(-1))
+
+
+def test_greedy_with_lookup_trees_on_a_static_target_is_k0(static_bundle, monkeypatch):
+    from ssd_runtime.round.loop import Loop
+
+    gen = Generator.load(static_bundle, backend="cpu", threads=1)
+    gained = 0
+    for prompt, alone in _prediction_trials(gen, 3):
+        for trees in (True, False):
+            monkeypatch.setattr(Loop, "trees", trees)
+            res = gen.generate(prompt, max_new_tokens=24, k=4, draft_source="lookup",
+                               ignore_eos=True, prediction=alone)
+            assert res.token_ids == alone
+            gained += res.stats.tree_gained
+    assert gained > 0
+
+
+def test_the_device_path_binds_a_chains_mask_and_verifies_no_tree(static_bundle):
+    """The cuda backend's code path on host memory (OrtCudaSession, device="cpu"): a static
+    target's tree input takes the chain's mask on every call (lookup drafts give k=0's tokens),
+    and no tree is verified there: compact_rows is not written for device arenas."""
+    from ssd_runtime.backends.ort_cuda import OrtCudaSession
+
+    gen = Generator.load(static_bundle, backend="cpu", threads=1, fused_heads=False)
+    prompt, alone = next(_prediction_trials(gen, 1))
+    m = gen.manifest
+    gen.target, gen.draft = (
+        OrtCudaSession(name, gen.root / entry.path, entry, m.max_context, m.max_draft + 2, 1,
+                       device="cpu")
+        for name, entry in (("target", m.target), ("draft", m.draft)))
+    assert gen.target._mask_input and not gen.target.takes_trees
+    res = gen.generate(prompt, max_new_tokens=24, k=4, draft_source="lookup", ignore_eos=True,
+                       prediction=alone)
+    assert res.token_ids == alone and res.stats.tree_rounds == 0
+    with pytest.raises(BackendError, match="not verified on the cpu backend.*draft chains"):
+        gen.target.compact_rows(len(prompt), [0, 2])
+
+
+def test_lookup_offers_every_continuation_of_its_n_gram_merged_into_one_tree():
+    from ssd_runtime.round.lookup import Lookup, Prediction
+
+    # [1, 2] went on with 3 4, then 5 6, then 3 7 (latest): the chain drafts [3, 7]
+    seq = [1, 2, 3, 4, 0, 1, 2, 5, 6, 0, 1, 2, 3, 7, 0, 9, 1, 2]
+    look = Lookup(max_ngram=3)
+    assert look.find(seq, 2) == ([3, 7], 2)
+    assert look.others(seq, 2) == [[3, 7], [5, 6], [3, 4]]
+    tree = lookup_tree(seq[-1], [[3, 7], *look.others(seq, 2)], max_nodes=16)
+    assert tree.tokens.tolist() == [2, 3, 7, 5, 6, 4]       # the chosen chain whole, first
+    assert tree.parents.tolist() == [-1, 0, 1, 0, 3, 1]
+    assert lookup_tree(2, [[3, 7], [3, 7]], max_nodes=16) is None       # nothing to add
+    assert len(lookup_tree(2, [[3, 7], [5, 6], [3, 4]], max_nodes=4)) == 4   # the budget
+    # the prediction's continuation, where the sequence's own won, is offered too
+    with_prediction = Lookup(max_ngram=3, prediction=Prediction([8, 8, 8], prompt_len=len(seq)))
+    found, _ = with_prediction.find(seq, 2)
+    assert found == [3, 7] and [8, 8] in with_prediction.others(seq, 2)
