@@ -59,11 +59,7 @@ def estimate_head(target, preset: Preset) -> int:
     activations of `ttt_steps` unrolled steps over a batch of long rows: the logits over the
     draft vocabulary dominate). The features stay on disk (corpus.py)."""
     cfg = target.config
-    params = sum(p.numel() for p in target.parameters())
-    hidden, vocab = int(cfg.hidden_size), int(cfg.vocab_size)
-    layers = int(cfg.num_hidden_layers)
-    kv_dim = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads) * int(
-        getattr(cfg, "head_dim", None) or hidden // cfg.num_attention_heads)
+    params, hidden, vocab, layers, kv_dim = _dims(target)
     answering = params * 4 + ANSWER_SLOTS * ANSWER_CONTEXT * layers * 2 * kv_dim * 4 \
         + PREFILL_TOKENS * (hidden * 16 + 3 * hidden * 2) * 4
     head_vocab = min(preset.head_tokens or 8192, vocab)
@@ -81,13 +77,18 @@ def _target_and_labels(target, preset: Preset) -> tuple[int, int, int, int, int]
     """(target parameters, hidden size, vocabulary, layers, bytes of what a draft's and a
     head's runs both hold: the target twice over, its KV cache and logits while answering,
     the labels)."""
-    cfg = target.config
-    params = sum(p.numel() for p in target.parameters())
-    hidden, vocab = int(cfg.hidden_size), int(cfg.vocab_size)
-    layers = int(cfg.num_hidden_layers)
-    kv_dim = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads) * int(
-        getattr(cfg, "head_dim", None) or hidden // cfg.num_attention_heads)
+    params, hidden, vocab, layers, kv_dim = _dims(target)
     answering = ANSWER_BATCH * (preset.seq_len * layers * 2 * kv_dim + 4 * vocab) * 4
     labels = (preset.prompts + preset.text_tokens // max(preset.seq_len, 1)) * preset.seq_len \
         * (preset.top_k * 6 + 24)
     return params, hidden, vocab, layers, int(params * 4 * 2 + answering + labels)
+
+
+def _dims(target) -> tuple[int, int, int, int, int]:
+    """(parameters, hidden size, vocabulary, layers, key/value width) of a Hugging Face model."""
+    cfg = target.config
+    hidden = int(cfg.hidden_size)
+    kv_dim = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads) * int(
+        getattr(cfg, "head_dim", None) or hidden // cfg.num_attention_heads)
+    return (sum(p.numel() for p in target.parameters()), hidden, int(cfg.vocab_size),
+            int(cfg.num_hidden_layers), kv_dim)
