@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import export_cache
+import numpy as np
 import pytest
 import tiny
 from heads import assert_batch_drafts_as, head_row
@@ -17,6 +18,7 @@ from ssd_runtime import Generator
 from ssd_runtime.errors import ConfigError
 from ssd_runtime.round import features
 from ssd_runtime.round.loop import Loop
+from ssd_runtime.round.tree_draft import TreeShape, expand
 
 WIDTH = 64                                      # the "llama" fixture target's hidden size
 PROMPTS = [[5, 9, 14, 3, 22, 7], [40, 2, 2, 17], [11, 60, 3, 8, 19, 25, 31, 4, 9]]
@@ -123,3 +125,52 @@ def test_a_prompt_longer_than_the_feature_ring(gen):
 def test_split_mode_is_refused_by_name(bundle):
     with pytest.raises(ConfigError, match="split.*feature-level head"):
         Generator.load(bundle, backend="cpu", threads=1, mode="split")
+
+
+@pytest.fixture(scope="module")
+def head_logits(target, head):
+    """The PyTorch head's logits (V,) after `seq` (its last token pending) and then `path`,
+    the tokens of a tree node's path after the root, fed one by one as its chain would."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target).eval()
+    config, module, _ = load_head(head, embed_weight=model.get_input_embeddings().weight)
+    module.eval()
+
+    @torch.no_grad()
+    def logits_after(seq: list[int], path: list[int]) -> np.ndarray:
+        states = model(torch.tensor([seq[:-1]]), output_hidden_states=True).hidden_states
+        hidden = module.fuse(aux_hidden(states, config.aux_layer_ids))
+        n = len(seq) - 1
+        logits, out, kv = module(torch.tensor([seq[1:]]), hidden, torch.arange(n)[None])
+        for step, token in enumerate(path):
+            logits, out, kv = module(torch.tensor([[token]]), out[:, -1:],
+                                     torch.tensor([[n + step]]), kv)
+        return module.target_logits(logits[:, -1:])[0, 0].numpy()
+
+    return logits_after
+
+
+@pytest.mark.parametrize("shape", [TreeShape(12, 3, 3, 3), TreeShape(9, 2, 4, 2)])
+def test_a_head_tree_reads_each_node_after_its_own_path(gen, head_logits, reference, shape):
+    """Head trees (design §14): each expanded node's logits are the PyTorch head's after that
+    node's path alone (its ancestors' keys, its parent's hidden_out), though branches share
+    the head's scratch rows; and a chain drafted after the tree is the head's as if no tree
+    had been (its root's row fed again from the target's features, its rows rewritten)."""
+    row = head_row(gen, PROMPTS[2], 3)
+    seen: list[tuple[list[int], np.ndarray]] = []
+    step = features.head_step(row.drafter, row.seq)
+
+    def recording(tree, nodes):
+        rows = step(tree, nodes)
+        seen.extend((tree.pending(u), r) for u, r in zip(nodes, rows))
+        return rows
+
+    drafted = expand(row.seq[-1], recording, shape, row.rule.draft_candidates, len(row.seq))
+    assert len(drafted.tree) == shape.nodes and not drafted.tree.is_chain()
+    assert len(seen) > shape.depth                  # several branches: rows rewritten
+    for path, logits in seen:
+        np.testing.assert_allclose(logits, head_logits(row.seq, path), rtol=1e-4, atol=1e-4)
+    chain = expand(row.seq[-1], features.head_step(row.drafter, row.seq), TreeShape(4, 1, 3),
+                   row.rule.draft_candidates, len(row.seq))
+    assert chain.tree.tokens[1:].tolist() == reference(row.seq, 3)
