@@ -33,6 +33,7 @@ from ..errors import ConfigError
 from .drafting import Drafter, Schedule, call
 from .lookup import Lookup
 from .rules import Rule
+from .tree_draft import TreeShape, expand
 
 CAPACITY = 2 * PREFILL_CHUNK        # positions of features kept per slot
 SLACK = CAPACITY - PREFILL_CHUNK    # the most a head may lag when the target writes a chunk
@@ -50,6 +51,12 @@ class FeatureStore:
 
     def take(self, slot: int, position: int, n: int, out: np.ndarray) -> None:
         out[:] = self.rows[slot, (position + np.arange(n)) % CAPACITY]
+
+    def compact(self, slot: int, position: int, nodes: list[int]) -> None:
+        """After a tree's verification (tree_round.judge): the accepted nodes' features, which
+        the tree call wrote at position + node, move to position + t, as the target's rows."""
+        found = self.rows[slot, (position + np.asarray(nodes, np.int64)) % CAPACITY]
+        self.rows[slot, (position + np.arange(len(nodes))) % CAPACITY] = found
 
 
 def attach(target: ModelSession, head: ModelSession, slots: int) -> FeatureStore:
@@ -74,6 +81,10 @@ class HeadDrafter(Drafter):
 
     extends_lookup = False      # a head cannot feed lookup tokens in one call: each needs
     #                             the hidden of the one before (a call per token)
+    # head trees (design §14, "Head trees"): where set and the loop lets the row verify a
+    # tree, a round the schedule gives k > 0 drafts this shape (its nodes capped by the
+    # loop's tree_nodes, its depth by k) with head_step instead of a chain of k
+    tree_shape: TreeShape | None = None
 
     def __init__(self, draft: ModelSession, rule: Rule, schedule: Schedule,
                  vocab: tuple[int, int] | None, lookup: Lookup | None, slot: int,
@@ -93,7 +104,18 @@ class HeadDrafter(Drafter):
     def start(self, seq: list[int], k: int) -> tuple[list[int], list, int]:
         self.chained = False
         self.fed_until = self.draft_len
-        return super().start(seq, k)
+        drafts, probs, left = super().start(seq, k)
+        shape, nodes = self.tree_shape, min(self.tree_nodes, getattr(self.tree_shape, "nodes", 0))
+        if drafts or left < 1 or shape is None or nodes < 3:
+            return drafts, probs, left
+        shape = TreeShape(nodes, shape.width, min(shape.depth, left), shape.beam)
+        drafted = expand(seq[-1], head_step(self, seq), shape, self.rule.draft_candidates,
+                         len(seq))
+        self.tree = drafted.tree                # verified by the loop as lookup's (judge)
+        return [], [], 0
+
+    def compacted(self, target_len: int, nodes: list[int]) -> None:
+        self.store.compact(self.slot, target_len, nodes)
 
     def fill(self, b: int, T: int, n: int) -> None:
         """This row's inputs of the next call, at rows b·T .. b·T + n - 1 of the buffers."""

@@ -18,7 +18,9 @@ from ssd_runtime import Generator
 from ssd_runtime.errors import ConfigError
 from ssd_runtime.round import features
 from ssd_runtime.round.loop import Loop
+from ssd_runtime.round.tree import Tree
 from ssd_runtime.round.tree_draft import TreeShape, expand
+from ssd_runtime.round.tree_round import judge
 
 WIDTH = 64                                      # the "llama" fixture target's hidden size
 PROMPTS = [[5, 9, 14, 3, 22, 7], [40, 2, 2, 17], [11, 60, 3, 8, 19, 25, 31, 4, 9]]
@@ -174,3 +176,37 @@ def test_a_head_tree_reads_each_node_after_its_own_path(gen, head_logits, refere
     chain = expand(row.seq[-1], features.head_step(row.drafter, row.seq), TreeShape(4, 1, 3),
                    row.rule.draft_candidates, len(row.seq))
     assert chain.tree.tokens[1:].tolist() == reference(row.seq, 3)
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.9, "seed": 3}])
+def test_head_trees_in_the_loop_are_the_target_alone(gen, sampling, monkeypatch):
+    """A head drafting trees (HeadDrafter.tree_shape) in the loop: the target verifies each
+    in one call and the accepted path's rows and features are compacted (the next round's
+    head reads the features of what was accepted), so the output is k = 0's, greedy and
+    sampled, and rounds did verify trees."""
+    monkeypatch.setattr(features.HeadDrafter, "tree_shape", TreeShape(8, 3, 3, 2))
+    for prompt in PROMPTS:
+        alone = gen.generate(prompt, max_new_tokens=20, k=0, **sampling).token_ids
+        for k in (2, 4):
+            res = gen.generate(prompt, max_new_tokens=20, k=k, **sampling)
+            assert res.token_ids == alone
+            assert res.stats.tree_rounds > 0 and res.stats.tree_nodes > res.stats.tree_rounds
+
+
+def test_a_tree_verdict_moves_the_accepted_features_with_the_rows(gen):
+    """tree_round.judge beside a head: the tree call wrote each node's features at
+    target_len + node; after the verdict the accepted path's are at target_len + t, equal to
+    what a chain over the same tokens writes (slot 2), so the head reads what was accepted."""
+    prompt = PROMPTS[1]
+    a, b = gen.generate(prompt, max_new_tokens=2, k=0).token_ids[:2]
+    row = head_row(gen, prompt, 3)
+    x, y = (a + 1) % tiny.VOCAB, (b + 1) % tiny.VOCAB
+    tree = Tree([row.seq[-1], x, a, y, b], [-1, 0, 0, 2, 2])     # the target's path: 2, 4
+    past = row.target_len
+    logits = np.array(gen.target.forward_tree(tree.tokens, tree.ancestors(), tree.depth, past))
+    drafts, j, t, _, _ = judge(row, tree, logits, gen.target)
+    assert (drafts, j) == ([a, b], 2)
+    gen.target.prefill(np.asarray(row.seq + [a, b], np.int64), 0, slot=2)
+    at = (past + np.arange(3)) % features.CAPACITY
+    store = gen.features.rows
+    np.testing.assert_allclose(store[0, at], store[2, at], rtol=1e-4, atol=1e-3)
