@@ -9,7 +9,8 @@ Greedy. A shape is NODESxWIDTHxDEPTHxBEAM (tree_draft.TreeShape; width 1: a chai
 NODES - 1 drafts); with a trailing L its nodes are valued by the acceptance learnt so far (per
 depth and rank, TreeAcceptance.chance) instead of the draft's q (put it after the widest
 shape, whose run it learns from). Each round drafts with tree_draft.expand — the draft's rows by tree_step
-where its graph takes a tree, else branch_step (one chain call per expanded node) — and
+where its graph takes a tree, else branch_step (one chain call per expanded node), an EAGLE-3
+or MTP head's by features.head_step (one one-row call per expanded node) — and
 verifies with GreedyAcceptance.verify_tree over the target's rows (forward_tree where the
 target takes trees, else one chain call per leaf: the same logits, so the same verdicts). Every
 run's tokens are compared with k = 0's (partings: runs that differ). Reported per shape:
@@ -34,10 +35,12 @@ import numpy as np
 from ssd_runtime import Generator
 from ssd_runtime.bench import load_prompts
 from ssd_runtime.round.acceptance import GreedyAcceptance, SamplingAcceptance
+from ssd_runtime.round.features import head_step
 from ssd_runtime.round.tree import Tree, Verdicts
 from ssd_runtime.round.sampling import SamplingParams
 from ssd_runtime.round.tree_draft import TreeShape, branch_step, expand, tree_step
 from ssd_runtime.scheduler.calibration import calibrate_rows
+from ssd_runtime.scheduler.schedule import FixedK
 from ssd_runtime.scheduler.tree_plan import TreeAcceptance, plan_tree, verify_from_times
 
 SHAPES = "5x1x4x1,9x1x8x1,8x2x4x2,10x3x3x3,10x2x6x2"
@@ -64,12 +67,18 @@ def decode(gen: Generator, prompt: list[int], shape: TreeShape, max_new: int,
     target, draft = gen.target, gen.draft
     cut = gen.manifest.target.vocab_size
     seq, rounds, verdicts = list(prompt), 0, Verdicts()
+    head = gen.drafter(rule, FixedK(1), None, 0) if gen.features is not None else None
     while len(seq) - len(prompt) < max_new:
-        target.prefill(np.asarray(seq[:-1], np.int64), 0)
-        draft.prefill(np.asarray(seq[:-1], np.int64), 0)
-        step = tree_step if getattr(draft, "takes_trees", False) else branch_step
-        drafted = expand(seq[-1], step(draft, seq, len(seq) - 1, cut=cut), shape,
-                         rule.draft_candidates, len(seq), sampled, chance)
+        target.prefill(np.asarray(seq[:-1], np.int64), 0)     # (a head's features: on_aux)
+        if head is not None:                      # a head: features.head_step
+            head.draft_len = 0
+            head.catch_up(seq, len(seq) - 1)
+            step = head_step(head, seq)
+        else:
+            draft.prefill(np.asarray(seq[:-1], np.int64), 0)
+            step = (tree_step if getattr(draft, "takes_trees", False) else branch_step)(
+                draft, seq, len(seq) - 1, cut=cut)
+        drafted = expand(seq[-1], step, shape, rule.draft_candidates, len(seq), sampled, chance)
         tree = drafted.tree
         path, t = rule.verify_tree(target_rows(target, seq, tree), tree, drafted.probs, len(seq))
         seq += [*tree.pending(path[-1]), t] if path else [t]
@@ -137,8 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     cost = gen.knowledge.cost_model()
     times = calibrate_rows(gen.target, list(range(1, width + 1)))
     v = verify_from_times(times)
-    plan = plan_tree(learnt, v, cost.c_first, cost.c, width)
-    chain = plan_tree(learnt, v, cost.c_first, cost.c, width, max_width=1)
+    calls = "levels" if getattr(gen.draft, "takes_trees", False) else "nodes"   # head_step's
+    plan = plan_tree(learnt, v, cost.c_first, cost.c, width, draft_calls=calls)
+    chain = plan_tree(learnt, v, cost.c_first, cost.c, width, max_width=1, draft_calls=calls)
     report = {"bundle": args.bundle, "prompts": len(prompts), "max_new_tokens":
               args.max_new_tokens, "threads": args.threads, "temperature": args.temperature,
               "sampled": args.sampled, "shapes": rows,

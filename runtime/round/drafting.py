@@ -199,6 +199,10 @@ class Drafter:
     def bet(self, drafts: list[int]) -> None:
         """Called while the target verifies `drafts`; the sequential drafter waits."""
 
+    def compacted(self, target_len: int, nodes: list[int]) -> None:
+        """The target moved a tree's accepted rows target_len + nodes[t] to target_len + t
+        (a head's features follow them; a model draft keeps nothing by the target's row)."""
+
     def settle(self, target_len: int, accepted_all: bool, next_token: int) -> None:
         self.draft_len = min(self.draft_len, target_len)   # when all accepted, dk is pending
 

@@ -33,6 +33,7 @@ from ..errors import ConfigError
 from .drafting import Drafter, Schedule, call
 from .lookup import Lookup
 from .rules import Rule
+from .tree_draft import TreeShape, expand
 
 CAPACITY = 2 * PREFILL_CHUNK        # positions of features kept per slot
 SLACK = CAPACITY - PREFILL_CHUNK    # the most a head may lag when the target writes a chunk
@@ -50,6 +51,12 @@ class FeatureStore:
 
     def take(self, slot: int, position: int, n: int, out: np.ndarray) -> None:
         out[:] = self.rows[slot, (position + np.arange(n)) % CAPACITY]
+
+    def compact(self, slot: int, position: int, nodes: list[int]) -> None:
+        """After a tree's verification (tree_round.judge): the accepted nodes' features, which
+        the tree call wrote at position + node, move to position + t, as the target's rows."""
+        found = self.rows[slot, (position + np.asarray(nodes, np.int64)) % CAPACITY]
+        self.rows[slot, (position + np.arange(len(nodes))) % CAPACITY] = found
 
 
 def attach(target: ModelSession, head: ModelSession, slots: int) -> FeatureStore:
@@ -74,6 +81,10 @@ class HeadDrafter(Drafter):
 
     extends_lookup = False      # a head cannot feed lookup tokens in one call: each needs
     #                             the hidden of the one before (a call per token)
+    # head trees (design §14, "Head trees"): where set and the loop lets the row verify a
+    # tree, a round the schedule gives k > 0 drafts this shape (its nodes capped by the
+    # loop's tree_nodes, its depth by k) with head_step instead of a chain of k
+    tree_shape: TreeShape | None = None
 
     def __init__(self, draft: ModelSession, rule: Rule, schedule: Schedule,
                  vocab: tuple[int, int] | None, lookup: Lookup | None, slot: int,
@@ -93,7 +104,18 @@ class HeadDrafter(Drafter):
     def start(self, seq: list[int], k: int) -> tuple[list[int], list, int]:
         self.chained = False
         self.fed_until = self.draft_len
-        return super().start(seq, k)
+        drafts, probs, left = super().start(seq, k)
+        shape, nodes = self.tree_shape, min(self.tree_nodes, getattr(self.tree_shape, "nodes", 0))
+        if drafts or left < 1 or shape is None or nodes < 3:
+            return drafts, probs, left
+        shape = TreeShape(nodes, shape.width, min(shape.depth, left), shape.beam)
+        drafted = expand(seq[-1], head_step(self, seq), shape, self.rule.draft_candidates,
+                         len(seq))
+        self.tree = drafted.tree                # verified by the loop as lookup's (judge)
+        return [], [], 0
+
+    def compacted(self, target_len: int, nodes: list[int]) -> None:
+        self.store.compact(self.slot, target_len, nodes)
 
     def fill(self, b: int, T: int, n: int) -> None:
         """This row's inputs of the next call, at rows b·T .. b·T + n - 1 of the buffers."""
@@ -132,3 +154,59 @@ class HeadDrafter(Drafter):
 
     def settle(self, target_len: int, accepted_all: bool, next_token: int) -> None:
         self.draft_len = min(self.draft_len, self.fed_until, target_len)
+
+
+def head_step(drafter: HeadDrafter, seq: list[int]):
+    """A `step` for tree_draft.expand drafted by a feature-level head (docs/design.md §14,
+    "Head trees"): a node at depth d sits at the head's position P + d (P = len(seq) - 2, the
+    root's row, fed the target's features as a chain's first call) and reads its parent's
+    hidden_out. The head's graph has no tree mask; instead each node is one one-row call whose
+    keys are the committed rows and the rows P + 1 .. P + d - 1, which hold its ancestors: the
+    step keeps what those scratch rows hold and rewrites the ones another branch overwrote
+    (from the ancestor's parent's hidden_out, kept per node) before it feeds a node. Siblings
+    share their ancestors, so a level costs one call per expanded node, plus one per ancestor
+    that differs from the last branch's (design §6: the draft's rows past the root are
+    scratch; the next round feeds the accepted positions from the target's features)."""
+    root = len(seq) - 2                        # the root's row: x_n after h_{n-1}
+    if drafter.draft_len > root + 1:
+        raise ValueError(f"head_step: the head has fed {drafter.draft_len} rows, past the "
+                         f"root's ({root}); start a round with settle() done.")
+    drafter.draft_len = min(drafter.draft_len, root)     # the root's row fed again: its hidden
+    hidden: dict[int, np.ndarray] = {}         # node -> its row's hidden_out
+    holds: list[int] = []                      # holds[j - 1]: the node in row root + j
+
+    def one(token: int, position: int, parent: int) -> np.ndarray:
+        drafter.hidden, drafter.chained = hidden[parent], True
+        drafter.fill(0, 1, 1)
+        logits = call(drafter.draft.forward, drafter.ids([token]), position, drafter.slot)
+        drafter.took(0, 1, 0)
+        drafter.draft_calls += 1
+        return np.array(logits[-1], np.float32)
+
+    def step(tree, nodes: list[int]) -> np.ndarray:
+        rows = []
+        for u in nodes:
+            if u == 0:                         # the target's features: the unread rows
+                tokens = seq[drafter.draft_len + 1:]
+                drafter.chained = False
+                drafter.fill(0, len(tokens), len(tokens))
+                logits = call(drafter.draft.forward, drafter.ids(tokens), drafter.draft_len,
+                              drafter.slot)
+                drafter.took(0, len(tokens), len(tokens) - 1)
+                drafter.draft_calls += 1
+                drafter.draft_len = root + 1
+                hidden[0] = drafter.hidden.copy()
+                rows.append(np.array(logits[-1], np.float32))
+                continue
+            path = tree.path(u)[1:]            # u's nodes after the root, u last
+            for j, a in enumerate(path[:-1], 1):
+                if len(holds) < j or holds[j - 1] != a:    # another branch's row: rewrite it
+                    one(int(tree.tokens[a]), root + j, int(tree.parents[a]))
+                    del holds[j - 1:]
+                    holds.append(a)
+            rows.append(one(int(tree.tokens[u]), root + len(path), int(tree.parents[u])))
+            hidden[u] = drafter.hidden.copy()
+            del holds[len(path) - 1:]
+            holds.append(u)
+        return np.stack(rows)[:, :drafter.cut]                           # (len(nodes), V)
+    return step

@@ -196,10 +196,11 @@ class Loop:
                 # drafts as asked)
                 behind = len(row.seq) - 1 - row.drafter.draft_len
                 row.drafter.waits = behind > room or behind > FREE_CATCH_UP and not row.dry
-            # (not beside a head, whose features the target writes by row: design §14)
+            # (beside a head, a row alone: its features follow its rows, Drafter.compacted;
+            # a batch's tree call does not hand them back by row: design §14)
             row.drafter.tree_nodes = min(self.tree_nodes, most - row.target_len if one
                                          else most + 1) if hasattr(row.rule, "verify_tree") \
-                and getattr(self.target, "on_aux", None) is None else 0
+                and (one or getattr(self.target, "on_aux", None) is None) else 0
             row.drafts, row.probs, row.left = row.drafter.start(row.seq, row.k)
         steps = self._draft(rows, span)
         t1 = perf_counter()

@@ -43,6 +43,7 @@ def judge(row, tree: Tree, logits: np.ndarray, target):
     chain alone), the path's rows compacted in the row's slot (design §3)."""
     path, t = row.rule.verify_tree(logits, tree, [None] * (len(tree) - 1), row.target_len + 1)
     target.compact_rows(row.target_len, [0, *path], row.slot)
+    row.drafter.compacted(row.target_len, [0, *path])
     row.stats.observe_tree(tree, path)
     taken = [int(x) for x in tree.tokens[path]]
     drafts = taken + row.drafts[len(taken):] if len(taken) < len(row.drafts) else taken

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import export_cache
+import numpy as np
 import pytest
 import tiny
 from heads import assert_batch_drafts_as, head_row
@@ -17,6 +18,9 @@ from ssd_runtime import Generator
 from ssd_runtime.errors import ConfigError
 from ssd_runtime.round import features
 from ssd_runtime.round.loop import Loop
+from ssd_runtime.round.tree import Tree
+from ssd_runtime.round.tree_draft import TreeShape, expand
+from ssd_runtime.round.tree_round import judge
 
 WIDTH = 64                                      # the "llama" fixture target's hidden size
 PROMPTS = [[5, 9, 14, 3, 22, 7], [40, 2, 2, 17], [11, 60, 3, 8, 19, 25, 31, 4, 9]]
@@ -123,3 +127,86 @@ def test_a_prompt_longer_than_the_feature_ring(gen):
 def test_split_mode_is_refused_by_name(bundle):
     with pytest.raises(ConfigError, match="split.*feature-level head"):
         Generator.load(bundle, backend="cpu", threads=1, mode="split")
+
+
+@pytest.fixture(scope="module")
+def head_logits(target, head):
+    """The PyTorch head's logits (V,) after `seq` (its last token pending) and then `path`,
+    the tokens of a tree node's path after the root, fed one by one as its chain would."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target).eval()
+    config, module, _ = load_head(head, embed_weight=model.get_input_embeddings().weight)
+    module.eval()
+
+    @torch.no_grad()
+    def logits_after(seq: list[int], path: list[int]) -> np.ndarray:
+        states = model(torch.tensor([seq[:-1]]), output_hidden_states=True).hidden_states
+        hidden = module.fuse(aux_hidden(states, config.aux_layer_ids))
+        n = len(seq) - 1
+        logits, out, kv = module(torch.tensor([seq[1:]]), hidden, torch.arange(n)[None])
+        for step, token in enumerate(path):
+            logits, out, kv = module(torch.tensor([[token]]), out[:, -1:],
+                                     torch.tensor([[n + step]]), kv)
+        return module.target_logits(logits[:, -1:])[0, 0].numpy()
+
+    return logits_after
+
+
+@pytest.mark.parametrize("shape", [TreeShape(12, 3, 3, 3), TreeShape(9, 2, 4, 2)])
+def test_a_head_tree_reads_each_node_after_its_own_path(gen, head_logits, reference, shape):
+    """Head trees (design §14): each expanded node's logits are the PyTorch head's after that
+    node's path alone (its ancestors' keys, its parent's hidden_out), though branches share
+    the head's scratch rows; and a chain drafted after the tree is the head's as if no tree
+    had been (its root's row fed again from the target's features, its rows rewritten)."""
+    row = head_row(gen, PROMPTS[2], 3)
+    seen: list[tuple[list[int], np.ndarray]] = []
+    step = features.head_step(row.drafter, row.seq)
+
+    def recording(tree, nodes):
+        rows = step(tree, nodes)
+        seen.extend((tree.pending(u), r) for u, r in zip(nodes, rows))
+        return rows
+
+    drafted = expand(row.seq[-1], recording, shape, row.rule.draft_candidates, len(row.seq))
+    assert len(drafted.tree) == shape.nodes and not drafted.tree.is_chain()
+    assert len(seen) > shape.depth                  # several branches: rows rewritten
+    for path, logits in seen:
+        np.testing.assert_allclose(logits, head_logits(row.seq, path), rtol=1e-4, atol=1e-4)
+    chain = expand(row.seq[-1], features.head_step(row.drafter, row.seq), TreeShape(4, 1, 3),
+                   row.rule.draft_candidates, len(row.seq))
+    assert chain.tree.tokens[1:].tolist() == reference(row.seq, 3)
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.9, "seed": 3}])
+def test_head_trees_in_the_loop_are_the_target_alone(gen, sampling, monkeypatch):
+    """A head drafting trees (HeadDrafter.tree_shape) in the loop: the target verifies each
+    in one call and the accepted path's rows and features are compacted (the next round's
+    head reads the features of what was accepted), so the output is k = 0's, greedy and
+    sampled, and rounds did verify trees."""
+    monkeypatch.setattr(features.HeadDrafter, "tree_shape", TreeShape(8, 3, 3, 2))
+    for prompt in PROMPTS:
+        alone = gen.generate(prompt, max_new_tokens=20, k=0, **sampling).token_ids
+        for k in (2, 4):
+            res = gen.generate(prompt, max_new_tokens=20, k=k, **sampling)
+            assert res.token_ids == alone
+            assert res.stats.tree_rounds > 0 and res.stats.tree_nodes > res.stats.tree_rounds
+
+
+def test_a_tree_verdict_moves_the_accepted_features_with_the_rows(gen):
+    """tree_round.judge beside a head: the tree call wrote each node's features at
+    target_len + node; after the verdict the accepted path's are at target_len + t, equal to
+    what a chain over the same tokens writes (slot 2), so the head reads what was accepted."""
+    prompt = PROMPTS[1]
+    a, b = gen.generate(prompt, max_new_tokens=2, k=0).token_ids[:2]
+    row = head_row(gen, prompt, 3)
+    x, y = (a + 1) % tiny.VOCAB, (b + 1) % tiny.VOCAB
+    tree = Tree([row.seq[-1], x, a, y, b], [-1, 0, 0, 2, 2])     # the target's path: 2, 4
+    past = row.target_len
+    logits = np.array(gen.target.forward_tree(tree.tokens, tree.ancestors(), tree.depth, past))
+    drafts, j, t, _, _ = judge(row, tree, logits, gen.target)
+    assert (drafts, j) == ([a, b], 2)
+    gen.target.prefill(np.asarray(row.seq + [a, b], np.int64), 0, slot=2)
+    at = (past + np.arange(3)) % features.CAPACITY
+    store = gen.features.rows
+    np.testing.assert_allclose(store[0, at], store[2, at], rtol=1e-4, atol=1e-3)
