@@ -2,12 +2,12 @@
 
 Projections (separate or fused in either layout), optional q/k norms, RoPE,
 grouped-query attention against the sequence-major past (B, P, Hkv, D), score
-soft-capping, ALiBi bias and the causal / sliding-window mask. Rows of a batch may have
-different past lengths (key_positions: each row's own is position_ids[b, 0]). The static
-flavour and the ort target's rows graph instead write the new rows into the whole head-major
-cache (B, Hkv, R, D) at their positions and attend over its first L rows (cache_positions,
-scatter_rows; L = the call's longest past + new_len or more, the whole cache in a static
-graph of schema 9 or older).
+soft-capping, ALiBi bias and the causal / sliding-window mask (a draft tree's: past_tree_mask,
+tree_mask). Rows of a batch may have different past lengths (key_positions: each row's own is
+position_ids[b, 0]). The static flavour and the ort target's rows graph instead write the new
+rows into the whole head-major cache (B, Hkv, R, D) at their positions and attend over its
+first L rows (cache_positions, scatter_rows; L = the call's longest past + new_len or more,
+the whole cache in a static graph of schema 9 or older).
 """
 from __future__ import annotations
 
@@ -134,6 +134,31 @@ def tree_mask(position_ids: torch.Tensor, key_pos: torch.Tensor, tree: torch.Ten
     if window is not None:       # by position: a new key's is its node's (p_b + its depth)
         node_pos = torch.gather(position_ids, 1, rel.clamp(0, T - 1))           # (B, R)
         k = torch.where(new, node_pos, key_pos)[:, None, :]
+        visible = visible & (q - k < window)
+    zero = torch.zeros((), dtype=torch.float32)
+    neg = torch.full((), _NEG, dtype=torch.float32)
+    return torch.where(visible, zero, neg)[:, None, None, :, :]
+
+
+def past_tree_mask(position_ids: torch.Tensor, key_pos: torch.Tensor, key_valid: torch.Tensor,
+                   tree: torch.Tensor, window: int | None) -> torch.Tensor:
+    """The standard flavour's additive mask (B, 1, 1, T, P + T) for a call over a draft tree
+    (docs/design.md §2, "Trees"): the keys are the past (P rows, valid as key_positions says)
+    then the call's T new ones, new key j being node j at position position_ids[b, j] (p_b + its
+    depth). Node i sees a valid past key by position (within the window) and new key j where
+    tree[b, i, j] (its ancestors and itself). With tree the lower triangle (a chain) this is
+    causal_mask's, value for value: a new key j <= i is at a position <= i's, j > i after it.
+
+        key index   0 ...... P-1                  | P ............. P+T-1
+        visible     valid, by position (≤, window) | tree[b, i, j]
+    """
+    T = position_ids.shape[1]
+    q = position_ids[:, :, None]                                    # (B, T, 1)
+    k = key_pos[:, None, :]                                         # (B, 1, P+T)
+    by_position = key_valid[:, None, :] & (k <= q)                  # (B, T, P+T)
+    past = by_position[:, :, :key_pos.shape[1] - T]                 # (B, T, P)
+    visible = torch.cat((past, tree), dim=2)                        # (B, T, P+T)
+    if window is not None:       # by position: a new key's is its node's (p_b + its depth)
         visible = visible & (q - k < window)
     zero = torch.zeros((), dtype=torch.float32)
     neg = torch.full((), _NEG, dtype=torch.float32)

@@ -32,7 +32,7 @@ from torch import nn
 
 from .adapters import Adapter, get_path, sliding_windows
 from .attention import (Heads, OrtAttention, attention, cache_index, cache_positions,
-                        causal_mask, key_positions, tree_mask)
+                        causal_mask, key_positions, past_tree_mask, tree_mask)
 from .fused import Fusion
 from .moe import check_moe, cost_note, kernel_refusal, kernel_weights, moe, moe_block
 from .positions import Rope, alibi_bias, alibi_slopes, log_position_scale
@@ -49,9 +49,10 @@ class Decoder(nn.Module):
                  aux_layers: tuple[int, ...] = (), tree: bool = False) -> None:
         super().__init__()
         self.flavour = flavour
-        # the static flavour's and the rows graph's draft trees: contract.TREE_MASK (B, T, T)
-        # after every other input (docs/design.md §2, "Trees"; the ort flavour's: tree_input.py)
-        self.tree = tree and contract.attends_rows(flavour)
+        # the standard and static flavours' and the rows graph's draft trees: contract.TREE_MASK
+        # (B, T, T) after every other input (docs/design.md §2, "Trees"; the ort flavour's:
+        # tree_input.py)
+        self.tree = tree and flavour != contract.ORT
         # an EAGLE-3 head's features: the residual stream entering these layers, one more
         # output (contract.AUX_HIDDEN) concatenated in this order (docs/design.md §14)
         self.aux_layers = tuple(aux_layers)
@@ -131,9 +132,10 @@ class Decoder(nn.Module):
                ) -> tuple[torch.Tensor, list[torch.Tensor], dict[int, torch.Tensor]]:
         """Every layer over x (B, T, H) in the standard or static flavour: the last layer's
         output (before the final norm), the KV outputs, the stream entering each layer. An MTP
-        head (mtp.py) calls this with its own first input in place of the embedding. `tree`
-        (static, rows): the call's tree mask (B, T, T); token t then sits at cache row
-        position_ids[:, 0] + t, not at its position (docs/design.md §2, "Trees")."""
+        head (mtp.py) calls this with its own first input in place of the embedding. `tree`:
+        the call's tree mask (B, T, T); token t then sits at cache row position_ids[:, 0] + t
+        (static, rows) or is new key t (standard), not at its position (docs/design.md §2,
+        "Trees")."""
         a = self.adapter
         tables = {key: rope.tables(position_ids, x.dtype) for key, rope in self.ropes.items()}
         static = self.flavour in (contract.STATIC, contract.ROWS)
@@ -149,7 +151,9 @@ class Decoder(nn.Module):
             key_pos, key_valid = key_positions(position_ids, past[0].shape[1])    # (B, S)
             qkv_tables = {}
         masks = {w: causal_mask(position_ids, key_pos, key_valid, w) if tree is None  # (B,1,1,T,S)
-                 else tree_mask(position_ids, key_pos, tree, w) for w in set(self.windows)}
+                 else tree_mask(position_ids, key_pos, tree, w) if static
+                 else past_tree_mask(position_ids, key_pos, key_valid, tree, w)
+                 for w in set(self.windows)}
         if static and self.fusion is not None:
             return self.fusion.decode(self, x, position_ids, past, live_rows, masks,
                                       rows_at)

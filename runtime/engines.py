@@ -43,6 +43,8 @@ class Profile:
         shapes = {contract.INPUT_IDS: ids, contract.POSITION_IDS: ids}
         for i in range(entry.num_layers):
             shapes[contract.past_key(i)] = shapes[contract.past_value(i)] = kv  # (B, P, Hkv, D)
+        if entry.tree:          # a draft tree's mask (B, T, T), bool (docs/design.md §2)
+            shapes[contract.TREE_MASK] = tuple((b, t, t) for b, t in ids)
         return shapes
 
     def as_dict(self) -> dict:

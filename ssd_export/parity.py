@@ -151,6 +151,8 @@ def _run(session, ids: np.ndarray, past_len: int, past: list[np.ndarray] | None,
     kv_dtype = np.float16 if dtype == "float16" else np.float32
     feeds = {contract.INPUT_IDS: ids,
              contract.POSITION_IDS: np.arange(past_len, past_len + ids.shape[1])[None]}
+    if contract.TREE_MASK in {i.name for i in session.get_inputs()}:     # a chain's mask
+        feeds[contract.TREE_MASK] = np.tri(ids.shape[1], dtype=np.bool_)[None]
     for i in range(n_layers):
         if past is None:
             _, _, kv_heads, head_dim = session.get_inputs()[2 + 2 * i].shape   # static ints

@@ -58,7 +58,7 @@ class OrtCudaSession(OrtCpuSession):
                                f"on the device). ---> HINT: re-export with ssd-export --graph "
                                f"static, or use max_batch=1.")
         super().__init__(name, path, entry, max_context, max_new_len, threads, max_batch)
-        # a static target's tree input is bound as on the CPU (a chain's lower triangle on
+        # a target's tree input (any flavour) is bound as on the CPU (a chain's lower triangle on
         # every call), but the loop verifies no tree here: moving the accepted path's rows in
         # device arenas (compact_rows) is not written (docs/design.md §3)
         self.takes_trees = False

@@ -1,9 +1,11 @@
 """Draft trees on an ONNX Runtime session (docs/design.md §2 "Trees", §3): a verification
 call over a tree's nodes, and the accepted path's KV rows made contiguous afterwards.
 
-A graph with contract.TREE_MASK (an ort target of schema 13) takes it on every call: a chain
-binds the lower triangle (kept in a host buffer, rewritten only when a tree call wrote over it),
-a tree its ancestor mask. A mixin over OrtCpuSession's buffers and binders (ort.py).
+A graph with contract.TREE_MASK (a target of schema 13, any flavour) takes it on every call: a
+chain binds the lower triangle (kept in a host buffer, rewritten only when a tree call wrote
+over it), a tree its ancestor mask. The arenas' rows move on the host: head-major in the ort and
+static flavours, sequence-major in the standard one. A mixin over OrtCpuSession's buffers and
+binders (ort.py).
 """
 from __future__ import annotations
 
@@ -66,7 +68,9 @@ class OrtTreeMixin:
         self.positions[0, :n] = past_len + np.asarray(depth, np.int64)
         self._mask[:n * n].reshape(1, n, n)[0] = ancestors
         self._mask_holds = None
-        if self._caches_at != (slot, 1):
+        if not self.in_place:         # standard: past rows [0, past_len), new rows after them
+            self._bind_rows(past_len, n, slot)
+        elif self._caches_at != (slot, 1):
             self._bind_caches(slot, 1)
         self._bind_attend(past_len + n)
         if self.extra_in or self.extra_out:
@@ -118,9 +122,12 @@ class OrtTreeMixin:
         live = int(past_lens.max()) + T
         if rows is not None:                      # the ort target's rows graph (design §11)
             rows.run(B, T, live, trees=True)
-        else:                                     # a static target
-            self._bind_caches(0, B)
-            self._bind_attend(live)
+        else:                                     # a static or standard target
+            if self.in_place:
+                self._bind_caches(0, B)
+                self._bind_attend(live)
+            else:                                 # new rows to the scratch, kept below
+                self._bind_scratch(B, T)
             self._bind_host_in(contract.INPUT_IDS, np.int64, (B, T), self._ids_ptr)
             self._bind_host_in(contract.POSITION_IDS, np.int64, (B, T), self._pos_ptr)
             self._bind_mask(B, T, trees=True)
@@ -129,6 +136,8 @@ class OrtTreeMixin:
                            self._logits_addr)
             self._bound_len = None
             self._run_bound()
+            if not self.in_place:                 # node i's rows at past_lens[b] + i
+                self._keep_new_rows(B, T, past_lens, real)
         return self._rows_logits(B, T)
 
     def compact_rows(self, past_len: int, nodes: list[int], slot: int = 0) -> None:
@@ -141,5 +150,8 @@ class OrtTreeMixin:
             return
         dst = np.fromiter((d for d, _ in moves), np.intp, len(moves))
         src = np.fromiter((s for _, s in moves), np.intp, len(moves))
-        for arena in (*self.keys, *self.values):              # (slots, Hkv, max_context, D)
-            arena[slot][:, dst] = arena[slot][:, src]
+        for arena in (*self.keys, *self.values):
+            if self.in_place:                                 # (slots, Hkv, max_context, D)
+                arena[slot][:, dst] = arena[slot][:, src]
+            else:                                             # (slots, max_context, Hkv, D)
+                arena[slot][dst] = arena[slot][src]

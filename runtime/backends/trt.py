@@ -174,6 +174,13 @@ class TrtSession:
         shapes = {contract.INPUT_IDS: (1, n), contract.POSITION_IDS: (1, n)}
         addresses = {contract.INPUT_IDS: self.ids.ptr, contract.POSITION_IDS: self.positions.ptr,
                      contract.LOGITS: logits_ptr}
+        if self.mask is not None:
+            if self._mask_n != n:
+                self.mask_host[:n * n] = np.tri(n, dtype=np.bool_).reshape(-1)
+                self._copy(self.mask.ptr, self.mask_host.ctypes.data, n * n, "H2D")
+                self._mask_n = n
+            shapes[contract.TREE_MASK] = (1, n, n)
+            addresses[contract.TREE_MASK] = self.mask.ptr
         offset = past_len * self.row_bytes
         past_shape = (1, past_len, e.num_kv_heads, e.head_dim)                 # (B, P, Hkv, D)
         for i, (past_k, past_v, new_k, new_v) in enumerate(self.layer_names):
@@ -268,6 +275,7 @@ class TrtSession:
         e, engine = self.entry, self.engine
         found = {engine.get_tensor_name(i) for i in range(engine.num_io_tensors)}
         wanted = set(contract.input_names(e.num_layers)) | set(contract.output_names(e.num_layers))
+        wanted |= {contract.TREE_MASK} if e.tree else set()     # a tree bundle's (design §2)
         if found != wanted:
             raise BackendError(f"{self.record.path} does not follow the graph contract: "
                                f"missing {sorted(wanted - found)[:3]}, extra "
@@ -317,6 +325,11 @@ class TrtSession:
         self.prefill_logits = self._alloc(self.prefill_chunk * vocab_bytes)  # discarded
         self.ids_host = np.zeros((1, rows), self.ids_dtype)
         self.positions_host = np.zeros((1, rows), self.ids_dtype)
+        # a tree bundle's target takes contract.TREE_MASK bool (1, n, n) on every call: a
+        # chain's lower triangle, uploaded when n changes (no tree is verified here: design §9)
+        self.mask = self._alloc(rows * rows) if e.tree else None
+        self.mask_host = np.zeros(rows * rows, np.bool_) if e.tree else None
+        self._mask_n = 0
 
     def _alloc(self, nbytes: int) -> _Buffer:
         buf = _Buffer(self, max(nbytes, ALIGNMENT))

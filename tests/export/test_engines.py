@@ -60,6 +60,7 @@ def test_profile_shapes_follow_the_graph_contract(bundle_factory):
     shapes = decode.shapes(e)
     assert set(shapes) == set(e.inputs)
     assert shapes["input_ids"] == ((1, 1), (1, 5), (1, 10))
+    assert e.tree and shapes["tree_mask"] == ((1, 1, 1), (1, 5, 5), (1, 10, 10))  # (B, T, T)
     top = manifest.max_context - 1
     assert shapes["past_value.2"] == ((1, 0, e.num_kv_heads, e.head_dim),
                                       (1, manifest.max_context // 2, e.num_kv_heads, e.head_dim),
