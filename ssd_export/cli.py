@@ -16,7 +16,7 @@ from ssd_runtime.engines import PRECISIONS
 from ssd_runtime.errors import cli_main
 
 from .config import (QUANT_BLOCKS, DType, Engines, ExportConfig, Graph, Quant, QuantCompute,
-                     QuantMethod, TargetQuant)
+                     QuantMethod, TargetQuant, Trees)
 from .gguf import DTYPES as GGUF_DTYPES
 
 EXTRA_HINT = ("ssd-export needs the exporter's packages (torch, transformers, onnx, onnxscript). "
@@ -84,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "k=0 in the standard and static flavours, while in the ort flavour a "
                         "row varies slightly with the rows beside it and speculation may part "
                         "from k=0 (design §12); float computes in float32, slower (int4 only)")
+    p.add_argument("--trees", choices=get_args(Trees), default="auto",
+                   help="whether the target's graph takes draft trees (several guesses a "
+                        "position, verified in one call; design §2): auto (default) in the ort "
+                        "and static flavours, whose chains it costs nothing; on: the standard "
+                        "flavour too, whose every call it costs a few percent on a CPU and "
+                        "whose GPU backends verify chains only; off: none")
     p.add_argument("--calib", metavar="FILE.jsonl",
                    help="text for the quantization report and the pair's worth (the draft's "
                         "agreement with the target, docs/export.md), one {\"text\": ...} a line "
@@ -115,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                           graph=args.graph, draft_quant=args.draft_quant, quant=args.quant,
                           quant_block=args.quant_block, quant_method=args.quant_method,
                           quant_lm_head=args.quant_lm_head, quant_compute=args.quant_compute,
-                          calib=args.calib)
+                          trees=args.trees, calib=args.calib)
     try:
         from .pipeline import export_bundle
     except ImportError as exc:

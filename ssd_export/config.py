@@ -16,6 +16,7 @@ Quant = Literal["auto", "none", "int8", "int4"]   # the draft's weights; auto: i
 TargetQuant = Literal["none", "int8", "int4", "auto"]   # auto: int4, else int8, by agreement
 QuantMethod = Literal["rtn", "hqq"]
 QuantCompute = Literal["int8", "float"]     # the quantized MatMuls' activations (§12)
+Trees = Literal["auto", "on", "off"]       # the target's tree input (design §2, "Trees")
 QUANT_BLOCKS = (32, 64, 128)
 DEFAULT_MAX_CONTEXT = 2048
 
@@ -40,6 +41,7 @@ class ExportConfig:
     quant_method: QuantMethod = "rtn"
     quant_lm_head: bool = True
     quant_compute: QuantCompute = "int8"
+    trees: Trees = "auto"           # auto: the ort and static flavours (and the rows graph)
     calib: str | None = None        # JSONL of {"text": ...}: held-out text for the quality
                                     # report and the pair's worth (worth.py)
 
@@ -52,7 +54,7 @@ class ExportConfig:
         for name, kind in (("dtype", DType), ("engines", Engines), ("graph", Graph),
                            ("draft_quant", Quant), ("engine_precision", Precision),
                            ("quant", TargetQuant), ("quant_method", QuantMethod),
-                           ("quant_compute", QuantCompute)):
+                           ("quant_compute", QuantCompute), ("trees", Trees)):
             if getattr(self, name) not in get_args(kind):
                 raise ConfigError(f"ExportConfig {name}={getattr(self, name)!r} is not one of "
                                   f"{', '.join(get_args(kind))}.")

@@ -293,6 +293,13 @@ def choose_graph(config: ExportConfig) -> tuple[str, str]:
                           "--graph standard for a bundle that also runs on GPUs")
 
 
+def takes_trees(trees: str, graph: str) -> bool:
+    """Whether a target of this flavour is traced with the tree input under --trees: auto
+    leaves it out of the standard flavour, where it costs every call a few percent on a CPU
+    and the GPU backends verify chains only (design §2, "Trees")."""
+    return trees == "on" or trees == "auto" and graph != contract.STANDARD
+
+
 def _trace_checked(loaded: LoadedModel, path: Path, max_context: int, config: ExportConfig,
                    graph: str, log, aux: tuple[int, ...] = ()
                    ) -> tuple[TracedModel, dict[str, float]]:
@@ -303,9 +310,9 @@ def _trace_checked(loaded: LoadedModel, path: Path, max_context: int, config: Ex
     role = loaded.role
     try:
         with log.stage(f"trace the {role} ({loaded.architecture}, {graph} graph)"):
-            # a target takes draft trees where its flavour can (design §2, "Trees")
+            # a target takes draft trees where its flavour can and --trees asks (design §2)
             traced = export_decoder(loaded.model, loaded.source, path, max_context, graph, aux,
-                                    tree=role == "target")
+                                    tree=role == "target" and takes_trees(config.trees, graph))
         if traced.moe_note:
             log.print(f"    {role}: {traced.moe_note}")
         if traced.tree_note:

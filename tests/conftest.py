@@ -152,13 +152,15 @@ def bundle_factory(models, tmp_path_factory):
 
     def export(target: str, draft: str, max_context: int | None = None,
                graph: str = "auto", draft_quant: str = "auto", quant: str = "none",
-               quant_compute: str = "int8") -> Path:
+               quant_compute: str = "int8", trees: str = "auto") -> Path:
         """graph: "auto" is what ssd-export writes here (the ort flavour where it fits);
         "standard" for what TensorRT and CUDA bundles carry. draft_quant: the draft's weights
         (auto: int8 on an ort bundle if it agrees with the float draft, which random tiny
         drafts often do not, or the target's; "int8"/"int4" always). quant, quant_compute: the
-        target's weights and what its quantized MatMuls compute in."""
-        key = (target, draft, max_context or 0, graph, draft_quant, quant, quant_compute)
+        target's weights and what its quantized MatMuls compute in. trees: the target's tree
+        input (auto: the ort and static flavours; "on": the standard one too)."""
+        key = (target, draft, max_context or 0, graph, draft_quant, quant, quant_compute) \
+            + ((trees,) if trees != "auto" else ())
         if key not in cache:
             out = root / "-".join(map(str, key))
             with FileLock(str(out) + ".lock"):  # another worker may be writing it
@@ -166,7 +168,8 @@ def bundle_factory(models, tmp_path_factory):
                     export_cache.bundle(ExportConfig(
                         target=str(models[target]), draft=str(models[draft]), output=out,
                         max_context=max_context, quiet=True, graph=graph,
-                        draft_quant=draft_quant, quant=quant, quant_compute=quant_compute), out)
+                        draft_quant=draft_quant, quant=quant, quant_compute=quant_compute,
+                        trees=trees), out)
             cache[key] = out
         return cache[key]
 

@@ -54,7 +54,7 @@ def test_profiles_span_decode_and_prefill():
 
 
 def test_profile_shapes_follow_the_graph_contract(bundle_factory):
-    manifest = read_manifest(bundle_factory("llama", "llama_cut", graph="standard"))
+    manifest = read_manifest(bundle_factory("llama", "llama_cut", graph="standard", trees="on"))
     e = manifest.target
     decode, _ = engine_profiles("target", manifest.max_context, manifest.max_draft, 256)
     shapes = decode.shapes(e)

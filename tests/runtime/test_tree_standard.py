@@ -20,7 +20,7 @@ PROMPT = [3, 17, 44, 9, 120, 7, 7, 31, 250, 12, 5, 88]
 
 @pytest.fixture(scope="module")
 def std_bundle(bundle_factory):
-    return bundle_factory("llama", "llama_cut", graph="standard")
+    return bundle_factory("llama", "llama_cut", graph="standard", trees="on")
 
 
 def _target(bundle, max_batch: int = 1):
@@ -151,3 +151,14 @@ def test_a_batch_of_rows_trees_on_a_standard_bundle_gives_each_prompt_alone(std_
                                  max_new_tokens=24, k=4, draft_source="lookup", ignore_eos=True)
     assert [r.token_ids for r in results] == [alone for _, alone in trials]
     assert sum(r.stats.tree_rounds for r in results) > 0
+
+
+def test_trees_auto_leaves_the_standard_flavour_without_the_input(bundle_factory):
+    """--trees auto: the ort and static flavours take trees, the standard one not (its input
+    costs its every call; its GPU backends verify chains only); on and off as they say."""
+    from ssd_export.pipeline import takes_trees
+
+    assert [takes_trees("auto", g) for g in ("ort", "static", "standard")] == [True, True, False]
+    assert takes_trees("on", "standard") and not takes_trees("off", "ort")
+    m = read_manifest(bundle_factory("llama", "llama_cut", graph="standard"), verify=False)
+    assert not m.target.tree and "tree_mask" not in m.target.inputs and m.requires == []

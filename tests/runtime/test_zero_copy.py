@@ -28,8 +28,8 @@ def test_new_kv_is_written_at_offset_past_len(bundle_factory):
     # and the in-place result equals a plain run without IOBinding
     plain = ort.InferenceSession(str(gen.root / gen.manifest.target.path),
                                  providers=["CPUExecutionProvider"])
-    feeds = {contract.INPUT_IDS: ids[None], contract.POSITION_IDS: np.arange(7)[None],
-             contract.TREE_MASK: np.tri(7, dtype=np.bool_)[None]}   # a chain's (schema 13)
+    feeds = {contract.INPUT_IDS: ids[None], contract.POSITION_IDS: np.arange(7)[None]}
+    assert not session.entry.tree        # --trees auto: no tree input in the standard flavour
     e = session.entry
     for i in range(e.num_layers):
         empty = np.zeros((1, 0, e.num_kv_heads, e.head_dim), np.float32)
