@@ -205,19 +205,5 @@ def lookup_tree(root: int, paths: list[list[int]], max_nodes: int) -> Tree | Non
     (after `root`, the round's last token), path by path, so the first (the continuation
     the chain would draft) is whole and the others add the nodes it lacks while `max_nodes`
     (the root included) allow; None where they add none (a chain is drafted as today)."""
-    tokens, parents = [int(root)], [-1]
-    index: dict[tuple[int, ...], int] = {(): 0}
-    for path in paths:
-        prefix: tuple[int, ...] = ()
-        for token in path:
-            parent = index[prefix]
-            prefix = (*prefix, int(token))
-            if prefix in index:
-                continue
-            if len(tokens) >= max_nodes:
-                break
-            index[prefix] = len(tokens)
-            tokens.append(int(token))
-            parents.append(parent)
-    tree = Tree(tokens, parents)
+    tree = Tree.from_paths(root, paths, max_nodes, whole_first=True)
     return None if tree.is_chain() else tree

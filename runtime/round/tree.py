@@ -48,25 +48,33 @@ class Tree:
         return cls([root, *drafts], np.arange(-1, len(drafts)))
 
     @classmethod
-    def from_paths(cls, root: int, paths: list[list[int]], max_nodes: int) -> Tree:
+    def from_paths(cls, root: int, paths: list[list[int]], max_nodes: int,
+                   whole_first: bool = False) -> Tree:
         """The trie of `paths` (token lists after the root; common prefixes merged), breadth
         first with the earlier paths' nodes first at each depth, cut at `max_nodes` nodes in
-        all (the root included): the nodes past the budget are dropped, deepest first."""
+        all (the root included): the nodes past the budget are dropped, deepest first.
+        `whole_first`: path by path instead, so the first path is whole within the budget and
+        its nodes are rows 1, 2, ... as a chain's (lookup's trees, lookup.lookup_tree)."""
         if max_nodes < 1:
             raise ConfigError(f"a draft tree's max_nodes={max_nodes} must be >= 1 (the root).")
+        if whole_first:
+            prefixes = (path[:d] for path in paths for d in range(1, len(path) + 1))
+        else:
+            deepest = max((len(p) for p in paths), default=0)
+            prefixes = (path[:d] for d in range(1, deepest + 1) for path in paths
+                        if len(path) >= d)
         tokens, parents = [int(root)], [-1]
         index: dict[tuple[int, ...], int] = {(): 0}       # prefix -> node
-        for d in range(1, max((len(p) for p in paths), default=0) + 1):
-            for path in paths:
-                if len(path) < d or len(tokens) >= max_nodes:
-                    continue
-                prefix = tuple(int(t) for t in path[:d])
-                parent = index.get(prefix[:-1])
-                if prefix in index or parent is None:     # merged, or its parent was cut
-                    continue
-                index[prefix] = len(tokens)
-                tokens.append(prefix[-1])
-                parents.append(parent)
+        for part in prefixes:
+            if len(tokens) >= max_nodes:
+                break
+            prefix = tuple(int(t) for t in part)
+            parent = index.get(prefix[:-1])
+            if prefix in index or parent is None:         # merged, or its parent was cut
+                continue
+            index[prefix] = len(tokens)
+            tokens.append(prefix[-1])
+            parents.append(parent)
         return cls(tokens, parents)
 
     def __len__(self) -> int:
