@@ -199,8 +199,8 @@ class Loop:
             # (beside a head, a row alone: its features follow its rows, Drafter.compacted;
             # a batch's tree call does not hand them back by row: design §14)
             row.drafter.tree_nodes = min(self.tree_nodes, most - row.target_len if one
-                                         else most + 1) if hasattr(row.rule, "verify_tree") \
-                and (one or getattr(self.target, "on_aux", None) is None) else 0
+                                         else most + 1) \
+                if one or getattr(self.target, "on_aux", None) is None else 0
             row.drafts, row.probs, row.left = row.drafter.start(row.seq, row.k)
         steps = self._draft(rows, span)
         t1 = perf_counter()
