@@ -6,9 +6,10 @@ alternated, greedy, every answer checked against k = 0.
                                    [--modes k0,c1,c2,c3,t6x5x1x1@1,t8x3x2x2@2] [--json OUT]
 
 BUNDLE: a target with an EAGLE-3 or MTP head (ssd-export --draft HEAD). A mode is `k0` (the
-target alone), `cK` (the head's chain of K drafts a round, FixedK) or `tNxWxDxB@K` (the head's
-tree of that TreeShape, its depth capped at K: HeadDrafter.tree_shape with FixedK(K)), all
-with draft_source="model". Each prompt runs in every mode in turn, the first mode rotating,
+target alone), `cK` (the head's chain of K drafts a round, FixedK), `tNxWxDxB@K` (the head's
+tree of that TreeShape, its depth capped at K: HeadDrafter.tree_shape with FixedK(K)), `auto`
+(k="auto": the planner's chains and trees, tree_plan) or `autochain` (k="auto", chains only),
+all with draft_source="model"; the auto modes share what the generator learns. Each prompt runs in every mode in turn, the first mode rotating,
 --repeat times. Reported per mode: decode tokens/s per request (median and range), tokens and
 accepted per round, nodes per round, partings from k = 0 (must be 0).
 """
@@ -29,9 +30,11 @@ CHAT = Path(__file__).parent / "data" / "exact_chat_prompts.jsonl"
 MODES = "k0,c1,c2,c3,t6x5x1x1@1,t8x3x2x2@2,t10x3x3x3@3"
 
 
-def parse(mode: str) -> tuple[int, TreeShape | None]:
+def parse(mode: str) -> tuple[int | str, TreeShape | None]:
     if mode == "k0":
         return 0, None
+    if mode in ("auto", "autochain"):
+        return "auto", None
     if mode.startswith("c"):
         return int(mode[1:]), None
     shape, k = mode[1:].split("@")
@@ -51,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = args.modes.split(",")
     plans = {m: parse(m) for m in modes}
     gen = Generator.load(args.bundle, backend="cpu", threads=(args.threads, args.threads))
+    trees = gen.knowledge.head_trees        # whether auto may plan trees on this bundle
     if gen.features is None:
         sys.exit(f"{args.bundle}: its draft is no EAGLE-3 or MTP head (ssd-export --draft HEAD).")
     prompts = [gen.encode(p) for p in load_prompts(args.prompts)]
@@ -64,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             for m in modes[turn:] + modes[:turn]:
                 k, shape = plans[m]
                 HeadDrafter.tree_shape = shape
+                gen.knowledge.head_trees = trees and m != "autochain"
                 try:
                     res = gen.generate(p, max_new_tokens=args.max_new_tokens, k=k,
                                        draft_source="model")
@@ -77,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
                 row["nodes"] += st.tree_nodes if st.tree_rounds else st.drafted
                 row["tree_rounds"] += st.tree_rounds
                 row["partings"] += res.token_ids != want
-    report = {"bundle": args.bundle, "prompts": len(prompts), "repeat": args.repeat,
+    auto = gen.knowledge.trees.get("greedy")
+    report = {"bundle": args.bundle, "learnt_by_depth_rank": auto.as_dict() if auto else None, "prompts": len(prompts), "repeat": args.repeat,
               "max_new_tokens": args.max_new_tokens, "threads": args.threads, "modes": {}}
     base = statistics.median(found["k0"]["rates"]) if "k0" in found else None
     for m in modes:

@@ -54,6 +54,10 @@ class Schedule(Protocol):
     def observe(self, drafted: int, accepted: int, seconds: float | None = None,
                 forced: int = 0) -> None: ...
 
+    def planned_tree(self): ...
+
+    def observe_tree(self, tree: Tree, path: list[int]) -> None: ...
+
 
 class Drafter:
     """One row's draft state. `vocab`: (target's, draft's) vocabulary sizes, which differ where

@@ -81,9 +81,10 @@ class HeadDrafter(Drafter):
 
     extends_lookup = False      # a head cannot feed lookup tokens in one call: each needs
     #                             the hidden of the one before (a call per token)
-    # head trees (design §14, "Head trees"): where set and the loop lets the row verify a
-    # tree, a round the schedule gives k > 0 drafts this shape (its nodes capped by the
-    # loop's tree_nodes, its depth by k) with head_step instead of a chain of k
+    # head trees (design §14, "Head trees"): where the loop lets the row verify a tree, a
+    # round drafts the schedule's planned tree (k="auto": AdaptiveK.planned_tree), or this
+    # shape where set by hand (any k > 0), with head_step instead of a chain (its nodes capped
+    # by the loop's tree_nodes, its depth by k)
     tree_shape: TreeShape | None = None
 
     def __init__(self, draft: ModelSession, rule: Rule, schedule: Schedule,
@@ -105,12 +106,21 @@ class HeadDrafter(Drafter):
         self.chained = False
         self.fed_until = self.draft_len
         drafts, probs, left = super().start(seq, k)
-        shape, nodes = self.tree_shape, min(self.tree_nodes, getattr(self.tree_shape, "nodes", 0))
-        if drafts or left < 1 or shape is None or nodes < 3:
+        if drafts or left < 1 or self.tree_nodes < 3:
+            return drafts, probs, left
+        shape, chance = self.tree_shape, None
+        if shape is None:                       # the schedule's plan (k="auto"), if a tree
+            plan = self.schedule.planned_tree()
+            if plan is None:
+                return drafts, probs, left
+            shape = TreeShape(plan.nodes, plan.width, plan.depth, plan.beam)
+            chance = self.schedule.tree.chance  # nodes kept by their learnt chance: the plan's
+        nodes = min(self.tree_nodes, shape.nodes)
+        if nodes < 3:
             return drafts, probs, left
         shape = TreeShape(nodes, shape.width, min(shape.depth, left), shape.beam)
         drafted = expand(seq[-1], head_step(self, seq), shape, self.rule.draft_candidates,
-                         len(seq))
+                         len(seq), chance=chance)
         self.tree = drafted.tree                # verified by the loop as lookup's (judge)
         return [], [], 0
 

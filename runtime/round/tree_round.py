@@ -45,6 +45,7 @@ def judge(row, tree: Tree, logits: np.ndarray, target):
     target.compact_rows(row.target_len, [0, *path], row.slot)
     row.drafter.compacted(row.target_len, [0, *path])
     row.stats.observe_tree(tree, path)
+    row.schedule.observe_tree(tree, path)
     taken = [int(x) for x in tree.tokens[path]]
     drafts = taken + row.drafts[len(taken):] if len(taken) < len(row.drafts) else taken
     chained = next((i for i, node in enumerate(path) if node != i + 1), len(path))

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from .. import cache
+from .. import cache, contract
 from ..round.loop import Loop, Row
 from ..round.lookup import (EARLIER, EARLIER_PRIOR, MAX_NGRAM, MODEL_FREE, PREDICTION_PRIOR,
                             SUFFIX_SHORT)
@@ -37,6 +37,7 @@ from .calibration import calibrate
 from .cost import CostModel
 from .learning import Acceptance, Sources
 from .schedule import AdaptiveK, FixedK, RoundTimes
+from .tree_plan import TreeAcceptance
 
 if TYPE_CHECKING:
     from ..backends.base import ModelSession
@@ -66,6 +67,10 @@ class Knowledge:
         self.pair_alpha = manifest.pair_worth.get("alpha")   # the export's measured agreement
         self.key, self.recalibrate = key, recalibrate        # where measurements are remembered
         self.learnt: dict[str, Acceptance] = {}      # k="auto": per decoding kind, and lookup's
+        self.trees: dict[str, TreeAcceptance] = {}   # ... a head's trees, by depth and rank
+        # a head drafts trees under auto where the target verifies them (design §6, §14)
+        self.head_trees = Loop.trees and getattr(target, "takes_trees", False) and \
+            contract.FEATURES in getattr(draft, "extra_in", {})
         self.times: dict[str, RoundTimes] = {}       # ... how long rounds took, per mode
         self.cost: CostModel | None = None           # c and v(k) (cost_model)
         self.batch_costs: dict[int, BatchCost] = {}  # calls of this many rows, timed
@@ -103,9 +108,13 @@ class Knowledge:
         if mode not in self.times:
             self.times[mode] = RoundTimes.from_cost(cost, self.max_draft)
         learnt = self.acceptance(kind).carried() if own else self.acceptance(kind)
+        # a row alone drafts a head's trees (a batch's rows verify chains: design §14)
+        tree = self.trees.setdefault(kind, TreeAcceptance(alpha=learnt.alpha)) \
+            if self.head_trees and not own and source not in MODEL_FREE else None
         return AdaptiveK(cost, self.max_draft, learnt, self.times[mode],
                          lookup=None if source == "model" and not predicted else lookup,
-                         model=source not in MODEL_FREE)
+                         model=source not in MODEL_FREE, tree=tree,
+                         tree_nodes=self.max_draft + 1 if tree else 0)
 
     def keep(self, kind: str, learnt: Acceptance) -> None:
         """A batch's sequence ended having drafted: the next ones of its kind start from it."""

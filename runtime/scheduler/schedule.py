@@ -12,6 +12,7 @@ import numpy as np
 
 from .cost import CostModel, expected_tokens
 from .learning import PROBE, PROBE_BACKOFF, PROBE_EVERY, Acceptance, Sources, tenth
+from .tree_plan import TreeAcceptance, TreePlan, plan_for
 
 
 @dataclass
@@ -55,6 +56,13 @@ class FixedK:
     def take_forced(self, forced: int, k: int) -> int:
         """After tokens the grammar forces (docs/design.md §4) the model drafts its k."""
         return k if self.model else 0
+
+    def planned_tree(self) -> TreePlan | None:
+        """A fixed k drafts chains (a tree's shape by hand: HeadDrafter.tree_shape)."""
+        return None
+
+    def observe_tree(self, tree, path) -> None:
+        """A tree round's verdict: a fixed k learns nothing of trees."""
 
     def keep_drafting(self, drafted: int, logits: np.ndarray, top=None) -> bool:
         return True
@@ -145,6 +153,12 @@ class AdaptiveK:
     so the round takes as many of its tokens as maximise its own rate, if that beats the
     plan's; then the draft model extends it where the same marginal rule says its tokens
     pay at that rate. `model=False`: lookup tokens only.
+
+    Trees (`tree`: acceptance learnt per depth and rank; None: chains only; docs/design.md
+    §6, "Trees"): each plan also works out the best tree of up to `tree_nodes` nodes
+    (tree_plan.plan_for, a draft call per expanded node); where that is wider than a chain,
+    the drafter drafts it (planned_tree) — also where no chain pays, which is where a tree
+    earns its place: a weak first guess whose second or third often passes.
     """
 
     cost: CostModel
@@ -169,6 +183,10 @@ class AdaptiveK:
     _probe: bool = False          # this round drafts PROBE tokens to measure α again
     _probing: bool = True         # whether drafting would pay at some α (else rare probes)
     _whole: bool = False          # the last round's lookup tokens all passed
+    tree: TreeAcceptance | None = None
+    tree_nodes: int = 0           # the most nodes a tree may have, root included
+    _tree: TreePlan | None = None             # the plan's tree, where one beats every chain
+    _tree_round: bool = False     # this round drafts that tree
 
     def __post_init__(self) -> None:
         if self.times is None:
@@ -198,19 +216,22 @@ class AdaptiveK:
             seconds = self.times.seconds
             best = self._plan[0]
             self._plan_rate = expected_tokens(alpha, best) / seconds[best]
+            if self.tree is not None and self.model:
+                tree = plan_for(self.tree, self.cost, self.tree_nodes, "nodes")
+                self._tree = None if tree.is_chain or tree.nodes < 3 else tree
             # a probe can change the plan only where some α would make drafting pay: a draft
             # as dear as the target never pays, and each probe pays the draft's catch-up over
             # the rounds since (docs/performance-notes.md §6, "Probes"). Such a draft is probed
             # at the longest wait only (its price was measured once, at calibration, and a
             # probe's round times are what would correct it)
-            self._probing = best > 0 or self.plan(0.999)[0] > 0
+            self._probing = best > 0 or self._tree is not None or self.plan(0.999)[0] > 0
         self._rounds += 1
         # The plan is only a cap: the stopping rule below ends the round where no more tokens
         # are worth their time and knows more than α does (each token's confidence), so a
         # round may run to max_k; none is drafted when not even one token pays at this α.
         # Lookup tokens are judged when one is found (take_lookup), so their cap stays.
-        k = self.max_k if self._plan[0] else 0
-        self._probe = False
+        k = self.max_k if self._plan[0] or self._tree is not None else 0
+        self._probe, self._tree_round = False, False
         if k or not self.model:
             self._idle = 0
         else:       # α is not measured while nothing is drafted: probe now and then (below)
@@ -309,6 +330,27 @@ class AdaptiveK:
             return self._k - forced
         return k if self.extend_lookup(forced, forced + k) else 0
 
+    def planned_tree(self) -> TreePlan | None:
+        """The tree this round drafts instead of a chain, where the plan has one (asked by a
+        drafter that can draft it, once it has no lookup or forced tokens to verify)."""
+        if self._tree is None or self._probe:
+            return None
+        self._tree_round = True
+        return self._tree
+
+    def observe_tree(self, tree, path: list[int]) -> None:
+        """A tree round's verdict (tree_round.judge): the planned tree's nodes teach the
+        acceptance by depth and rank, its first-guess chain α (a lookup tree teaches
+        neither: its guesses are the text's)."""
+        if not self._tree_round:
+            return
+        self.tree.observe(tree, path)
+        chain, node = 0, 0
+        while kids := tree.children(node):
+            chain, node = chain + 1, kids[0]
+        first = next((i for i, u in enumerate(path) if tree.rank(u)), len(path))
+        self.learnt.observe(chain, first)
+
     def keep_drafting(self, drafted: int, logits: np.ndarray,
                       top: tuple[int, float] | None = None) -> bool:
         """After each draft step: are more tokens worth their time? `top`: the graph's (argmax,
@@ -329,12 +371,18 @@ class AdaptiveK:
         grammar's (docs/design.md §4), were verified beside them: not learnt, only timed."""
         taken = self._taken
         self._whole = bool(taken) and accepted >= taken
+        if self._tree_round:                   # learnt in observe_tree
+            if accepted:
+                self.learnt.misses = 0
+            return
         if self._probe and drafted > taken:
             self.learnt.misses = self.learnt.misses + 1 if accepted <= taken else 0
         elif accepted > taken:                     # the model's tokens pay again
             self.learnt.misses = 0
         if not taken:
             self.learnt.observe(drafted, accepted, self._tops[:drafted])
+            if self.tree is not None and drafted:
+                self.tree.observe_chain(drafted, accepted)
             if seconds is not None and not forced:
                 self.times.observe(drafted, seconds)
             elif seconds is not None:      # a width the plan's k do not have: the pace only

@@ -56,14 +56,25 @@ class TreeAcceptance:
     def observe(self, tree: Tree, path: Sequence[int]) -> None:
         """A round's verdict over a tree: the nodes it judged (Tree.tried), each counted at its
         depth and rank."""
-        for row_h, row_t in zip(self.hits, self.tried):
-            for r in range(RANKS):
-                row_h[r] *= self.decay
-                row_t[r] *= self.decay
+        self._age()
         for node, passed in tree.tried(list(path)):
             d, r = min(int(tree.depth[node]), DEPTHS) - 1, min(tree.rank(node), RANKS - 1)
             self.tried[d][r] += 1
             self.hits[d][r] += passed
+
+    def observe_chain(self, drafted: int, accepted: int) -> None:
+        """A chain's verdict (every node rank 0): the first `accepted` of `drafted` passed."""
+        self._age()
+        for d in range(min(accepted + 1, drafted)):
+            i = min(d, DEPTHS - 1)
+            self.tried[i][0] += 1
+            self.hits[i][0] += d < accepted
+
+    def _age(self) -> None:
+        for row_h, row_t in zip(self.hits, self.tried):
+            for r in range(RANKS):
+                row_h[r] *= self.decay
+                row_t[r] *= self.decay
 
     def as_dict(self) -> dict:
         """a[d][r] for the depths and ranks learnt apart (bench reports, usage)."""

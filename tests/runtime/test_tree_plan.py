@@ -109,6 +109,18 @@ def test_acceptance_is_learnt_per_depth_and_rank_from_verdicts():
     assert len(acc.as_dict()["by_depth_rank"]) == DEPTHS
 
 
+def test_a_chains_verdict_teaches_the_first_guesses_as_the_same_tree_would():
+    """observe_chain (a chain round under a plan that also prices trees) counts what
+    observe counts for the chain as a tree: rank 0 only, up to the first rejection."""
+    as_chain, as_tree = TreeAcceptance(alpha=0.4), TreeAcceptance(alpha=0.4)
+    for drafted, accepted in [(4, 2), (3, 3), (5, 0), (2, 1)] * 20:
+        as_chain.observe_chain(drafted, accepted)
+        as_tree.observe(Tree.chain(0, list(range(1, drafted + 1))), list(range(1, accepted + 1)))
+    np.testing.assert_allclose(as_chain.tried, as_tree.tried)
+    np.testing.assert_allclose(as_chain.hits, as_tree.hits)
+    assert as_chain.rate(1, 1) == pytest.approx(0.4 / 2)            # later ranks untouched
+
+
 def test_a_batch_prices_its_call_of_every_rows_tree():
     good, poor = learnt([[0.6, 0.3]]), learnt([[0.03, 0.01]])
     width, plans = plan_batch([good, good], lambda w: 1.0 + 0.02 * (w - 1), 0.1, 0.05, 16)
