@@ -4,18 +4,17 @@ causal one for a chain, value for value; a tree call gives each node its path's 
 backend moves the accepted path's sequence-major rows; the TensorRT lint stays clean."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 from ssd_graphs.attention import causal_mask, key_positions, past_tree_mask
 from ssd_graphs.trt_lint import errors, lint_file
 from ssd_runtime import Generator
-from ssd_runtime.errors import BackendError
 from ssd_runtime.manifest import read_manifest
-from ssd_runtime.round.tree import Tree
+from trees import (assert_a_chain_through_the_tree_input_is_the_chain,
+                   assert_a_tree_past_the_width_is_refused, assert_compacted_rows_are_the_chains,
+                   assert_nodes_see_their_paths, prediction_trials)
 
-PROMPT = [3, 17, 44, 9, 120, 7, 7, 31, 250, 12, 5, 88]
 
 
 @pytest.fixture(scope="module")
@@ -64,78 +63,26 @@ def test_the_standard_target_takes_trees_and_passes_the_tensorrt_lint(std_bundle
 def test_a_tree_call_gives_each_node_its_path_as_a_chain(std_bundle):
     target = _target(std_bundle)
     assert target.takes_trees
-    prompt = np.asarray(PROMPT, np.int64)
-    past = len(prompt)
-    tree = Tree.from_paths(5, [[7, 8, 9], [7, 10], [11, 12, 13], [14]], max_nodes=9)
-    target.prefill(prompt)
-    got = target.forward_tree(tree.tokens, tree.ancestors(), tree.depth, past).copy()
-    for leaf in tree.leaves():
-        path = tree.path(leaf)
-        target.prefill(prompt)
-        chain = target.forward(tree.tokens[path], past).copy()
-        np.testing.assert_allclose(got[path], chain, atol=2e-5, rtol=0)
-        assert np.array_equal(got[path].argmax(-1), chain.argmax(-1))
+    assert_nodes_see_their_paths(target)
 
 
 def test_a_chain_through_the_tree_input_gives_the_chain_call_bit_for_bit(std_bundle):
-    target = _target(std_bundle)
-    prompt, drafts = np.asarray(PROMPT, np.int64), [5, 6, 7, 8]
-    target.prefill(prompt)
-    chain = target.forward(np.asarray(drafts), len(prompt)).copy()
-    tree = Tree.chain(drafts[0], drafts[1:])
-    got = target.forward_tree(tree.tokens, tree.ancestors(), tree.depth, len(prompt)).copy()
-    assert np.array_equal(got, chain)
-    assert np.array_equal(target.forward(np.asarray(drafts), len(prompt)), chain)
+    assert_a_chain_through_the_tree_input_is_the_chain(_target(std_bundle))
 
 
 def test_compacted_sequence_major_rows_keep_the_next_calls_exact(std_bundle):
-    tree_side, chain_side = _target(std_bundle), _target(std_bundle)
-    prompt = np.asarray(PROMPT, np.int64)
-    past = len(prompt)
-    tree = Tree.from_paths(5, [[7, 8], [11, 12]], max_nodes=5)      # 0:5 1:7 2:11 3:8 4:12
-    path = tree.path(4)                                              # [0, 2, 4]
-    tree_side.prefill(prompt)
-    tree_side.forward_tree(tree.tokens, tree.ancestors(), tree.depth, past)
-    tree_side.compact_rows(past, path)
-    chain_side.prefill(prompt)
-    chain_side.forward(tree.tokens[path], past)
-    for layer in range(len(tree_side.keys)):
-        for a, b in ((tree_side.keys, chain_side.keys), (tree_side.values, chain_side.values)):
-            # (slots, max_context, Hkv, D): rows on axis 1
-            np.testing.assert_allclose(a[layer][0, :past + 3], b[layer][0, :past + 3],
-                                       atol=1e-5, rtol=0)
-    nxt = np.asarray([40, 41, 42], np.int64)
-    got = tree_side.forward(nxt, past + 3).copy()
-    want = chain_side.forward(nxt, past + 3).copy()
-    np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)
-    assert np.array_equal(got.argmax(-1), want.argmax(-1))
+    # (slots, max_context, Hkv, D): rows on axis 1
+    assert_compacted_rows_are_the_chains(_target(std_bundle), _target(std_bundle), 1)
 
 
 def test_a_tree_past_the_bundles_verification_width_is_one_clear_error(std_bundle):
-    target = _target(std_bundle)
-    n = target.max_new_len + 1
-    tree = Tree.from_paths(1, [[2 + i] for i in range(n - 1)], max_nodes=n)
-    target.prefill(np.asarray(PROMPT, np.int64))
-    with pytest.raises(BackendError, match=rf"a draft tree of {n} nodes exceeds the "
-                                           rf"{target.max_new_len} tokens.*--max-draft"):
-        target.forward_tree(tree.tokens, tree.ancestors(), tree.depth, len(PROMPT))
-
-
-def _prediction_trials(gen, trials: int = 3):
-    """As test_tree_verify's: a 3-gram seen once before, then the target's own answer as the
-    request's prediction, so that lookup's tree holds two continuations."""
-    rng = np.random.default_rng(1)
-    for _ in range(trials):
-        abc = [int(x) for x in rng.integers(5, 300, 3)]
-        prompt = [int(x) for x in rng.integers(5, 300, 5)] + abc + \
-            [int(x) for x in rng.integers(5, 300, 8)] + [7] + abc
-        yield prompt, gen.generate(prompt, max_new_tokens=24, k=0, ignore_eos=True).token_ids
+    assert_a_tree_past_the_width_is_refused(_target(std_bundle))
 
 
 def test_greedy_with_lookup_trees_on_a_standard_bundle_is_k0(std_bundle):
     gen = Generator.load(std_bundle, backend="cpu", threads=1)
     tree_rounds = 0
-    for prompt, alone in _prediction_trials(gen):
+    for prompt, alone in prediction_trials(gen, 3):
         res = gen.generate(prompt, max_new_tokens=24, k=4, draft_source="lookup",
                            ignore_eos=True, prediction=alone)
         assert res.token_ids == alone, prompt
@@ -146,7 +93,7 @@ def test_greedy_with_lookup_trees_on_a_standard_bundle_is_k0(std_bundle):
 def test_a_batch_of_rows_trees_on_a_standard_bundle_gives_each_prompt_alone(std_bundle):
     """forward_rows_tree on the standard flavour: one call, new rows through the scratch."""
     gen = Generator.load(std_bundle, backend="cpu", threads=1, max_batch=3)
-    trials = list(_prediction_trials(gen, 3))
+    trials = list(prediction_trials(gen, 3))
     results = gen.generate_batch([{"prompt": p, "prediction": alone} for p, alone in trials],
                                  max_new_tokens=24, k=4, draft_source="lookup", ignore_eos=True)
     assert [r.token_ids for r in results] == [alone for _, alone in trials]

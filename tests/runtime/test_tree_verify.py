@@ -14,8 +14,10 @@ from ssd_runtime.errors import BackendError, BundleError
 from ssd_runtime.manifest import read_manifest
 from ssd_runtime.round.lookup import lookup_tree
 from ssd_runtime.round.tree import Tree
+from trees import (PROMPT, assert_a_chain_through_the_tree_input_is_the_chain,
+                   assert_a_tree_past_the_width_is_refused, assert_compacted_rows_are_the_chains,
+                   assert_nodes_see_their_paths, prediction_trials)
 
-PROMPT = [3, 17, 44, 9, 120, 7, 7, 31, 250, 12, 5, 88]
 
 
 @pytest.fixture(scope="module")
@@ -37,69 +39,20 @@ def test_the_ort_target_takes_trees_and_the_bundle_says_so(tree_bundle):
 
 
 def test_a_tree_call_gives_each_node_its_path_as_a_chain(tree_bundle):
-    target = _target(tree_bundle)
-    prompt = np.asarray(PROMPT, np.int64)
-    past = len(prompt)
-    tree = Tree.from_paths(5, [[7, 8, 9], [7, 10], [11, 12, 13], [14]], max_nodes=9)
-    assert len(tree) == 9 and not tree.is_chain()
-    target.prefill(prompt)
-    got = target.forward_tree(tree.tokens, tree.ancestors(), tree.depth, past).copy()
-    for leaf in tree.leaves():
-        path = tree.path(leaf)
-        target.prefill(prompt)
-        chain = target.forward(tree.tokens[path], past).copy()
-        # the same keys, rows of other branches between them adding exact zeros: equal up to
-        # the sums' order, and the same argmax
-        np.testing.assert_allclose(got[path], chain, atol=2e-5, rtol=0)
-        assert np.array_equal(got[path].argmax(-1), chain.argmax(-1))
+    assert_nodes_see_their_paths(_target(tree_bundle))
 
 
 def test_a_chain_through_the_tree_input_gives_the_chain_call_bit_for_bit(tree_bundle):
-    target = _target(tree_bundle)
-    prompt, drafts = np.asarray(PROMPT, np.int64), [5, 6, 7, 8]
-    target.prefill(prompt)
-    one = target.forward(np.asarray(drafts[:1]), len(prompt)).copy()
-    chain = target.forward(np.asarray(drafts), len(prompt)).copy()
-    tree = Tree.chain(drafts[0], drafts[1:])
-    got = target.forward_tree(tree.tokens, tree.ancestors(), tree.depth, len(prompt)).copy()
-    assert np.array_equal(got, chain)
-    # chain calls after a tree call bind their own mask again: the same bits as before it
-    assert np.array_equal(target.forward(np.asarray(drafts[:1]), len(prompt)), one)
-    assert np.array_equal(target.forward(np.asarray(drafts), len(prompt)), chain)
+    assert_a_chain_through_the_tree_input_is_the_chain(_target(tree_bundle))
 
 
 def test_compacted_rows_keep_the_next_calls_exact(tree_bundle):
-    """The accepted path [root, n2, n3] (not the first branch) moved to rows past..past+2: the
-    next call reads the rows a chain of that path would have written."""
-    tree_side, chain_side = _target(tree_bundle), _target(tree_bundle)
-    prompt = np.asarray(PROMPT, np.int64)
-    past = len(prompt)
-    tree = Tree.from_paths(5, [[7, 8], [11, 12]], max_nodes=5)      # 0:5 1:7 2:11 3:8 4:12
-    path = tree.path(4)                                              # [0, 2, 4]
-    tree_side.prefill(prompt)
-    tree_side.forward_tree(tree.tokens, tree.ancestors(), tree.depth, past)
-    tree_side.compact_rows(past, path)
-    chain_side.prefill(prompt)
-    chain_side.forward(tree.tokens[path], past)
-    for layer in range(len(tree_side.keys)):
-        for a, b in ((tree_side.keys, chain_side.keys), (tree_side.values, chain_side.values)):
-            np.testing.assert_allclose(a[layer][0, :, :past + 3], b[layer][0, :, :past + 3],
-                                       atol=1e-5, rtol=0)
-    nxt = np.asarray([40, 41, 42], np.int64)
-    got = tree_side.forward(nxt, past + 3).copy()
-    want = chain_side.forward(nxt, past + 3).copy()
-    np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)
-    assert np.array_equal(got.argmax(-1), want.argmax(-1))
+    # (slots, Hkv, max_context, D): rows on axis 2
+    assert_compacted_rows_are_the_chains(_target(tree_bundle), _target(tree_bundle), 2)
 
 
 def test_a_tree_past_the_bundles_verification_width_is_refused(tree_bundle):
-    target = _target(tree_bundle)
-    n = target.max_new_len + 1
-    tree = Tree.from_paths(1, [[2 + i] for i in range(n - 1)], max_nodes=n)
-    target.prefill(np.asarray(PROMPT, np.int64))
-    with pytest.raises(BackendError, match=rf"a draft tree of {n} nodes exceeds the "
-                                           rf"{target.max_new_len} tokens.*--max-draft"):
-        target.forward_tree(tree.tokens, tree.ancestors(), tree.depth, len(PROMPT))
+    assert_a_tree_past_the_width_is_refused(_target(tree_bundle))
 
 
 def test_a_tree_of_a_target_without_the_tree_input_is_one_clear_error(tree_bundle):
@@ -131,18 +84,6 @@ def test_a_runtime_that_predates_trees_refuses_a_tree_bundle_by_name(tree_bundle
         read_manifest(copy, verify=False)
 
 
-def _prediction_trials(gen, trials: int = 4):
-    """Prompts whose last 3-gram occurred once before, followed by other tokens than the
-    target writes, and the target's own answer as the request's prediction: the sequence's
-    lookup (the longer match) wins the chain, the prediction's start is the other path."""
-    rng = np.random.default_rng(1)
-    for _ in range(trials):
-        abc = [int(x) for x in rng.integers(5, 300, 3)]
-        prompt = [int(x) for x in rng.integers(5, 300, 5)] + abc + \
-            [int(x) for x in rng.integers(5, 300, 8)] + [7] + abc
-        yield prompt, gen.generate(prompt, max_new_tokens=24, k=0, ignore_eos=True).token_ids
-
-
 @pytest.mark.parametrize("k", [4, "auto"])
 def test_greedy_with_lookup_trees_is_k0_and_takes_the_branch_the_chain_missed(
         tree_bundle, monkeypatch, k):
@@ -150,7 +91,7 @@ def test_greedy_with_lookup_trees_is_k0_and_takes_the_branch_the_chain_missed(
 
     gen = Generator.load(tree_bundle, backend="cpu", threads=1)
     rounds, gained = {True: 0, False: 0}, 0
-    for prompt, alone in _prediction_trials(gen):
+    for prompt, alone in prediction_trials(gen, 4):
         for trees in (True, False):
             monkeypatch.setattr(Loop, "trees", trees)
             res = gen.generate(prompt, max_new_tokens=24, k=k, draft_source="lookup",
@@ -167,7 +108,7 @@ def test_greedy_with_lookup_trees_is_k0_and_takes_the_branch_the_chain_missed(
 
 def test_seeded_sampling_with_lookup_trees_is_reproducible(tree_bundle):
     gen = Generator.load(tree_bundle, backend="cpu", threads=1)
-    prompt, alone = next(_prediction_trials(gen, 1))
+    prompt, alone = next(prediction_trials(gen, 1))
     runs = [gen.generate(prompt, max_new_tokens=24, k=4, draft_source="lookup",
                          prediction=alone, temperature=0.8, seed=11, ignore_eos=True)
             for _ in range(2)]
@@ -185,7 +126,7 @@ def test_a_batch_of_four_verifies_its_rows_trees_and_gives_each_prompt_alone(
 
     bundle = tree_bundle if flavour == "ort" else static_bundle
     gen = Generator.load(bundle, backend="cpu", threads=1, max_batch=4)
-    trials = list(_prediction_trials(gen, 4))
+    trials = list(prediction_trials(gen, 4))
     asks = [{"prompt": p, "prediction": alone} for p, alone in trials]
     gained = {}
     for trees in (True, False):
@@ -234,7 +175,7 @@ def test_greedy_with_lookup_trees_on_a_static_target_is_k0(static_bundle, monkey
 
     gen = Generator.load(static_bundle, backend="cpu", threads=1)
     gained = 0
-    for prompt, alone in _prediction_trials(gen, 3):
+    for prompt, alone in prediction_trials(gen, 3):
         for trees in (True, False):
             monkeypatch.setattr(Loop, "trees", trees)
             res = gen.generate(prompt, max_new_tokens=24, k=4, draft_source="lookup",
@@ -251,7 +192,7 @@ def test_the_device_path_binds_a_chains_mask_and_verifies_no_tree(static_bundle)
     from ssd_runtime.backends.ort_cuda import OrtCudaSession
 
     gen = Generator.load(static_bundle, backend="cpu", threads=1, fused_heads=False)
-    prompt, alone = next(_prediction_trials(gen, 1))
+    prompt, alone = next(prediction_trials(gen, 1))
     m = gen.manifest
     gen.target, gen.draft = (
         OrtCudaSession(name, gen.root / entry.path, entry, m.max_context, m.max_draft + 2, 1,

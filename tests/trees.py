@@ -1,0 +1,90 @@
+"""What the draft-tree tests of every target flavour share (runtime/test_tree_verify.py: ort and
+static; runtime/test_tree_standard.py: standard): a prompt, the checks of a tree call against
+chain calls on one target session, and requests whose lookup offers a tree."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from ssd_runtime.errors import BackendError
+from ssd_runtime.round.tree import Tree
+
+PROMPT = [3, 17, 44, 9, 120, 7, 7, 31, 250, 12, 5, 88]
+
+
+def assert_nodes_see_their_paths(target) -> None:
+    """A tree call gives each node the logits of its path run as a chain: the same keys,
+    rows of other branches between them adding exact zeros, so equal up to the sums' order,
+    and the same argmax."""
+    prompt = np.asarray(PROMPT, np.int64)
+    past = len(prompt)
+    tree = Tree.from_paths(5, [[7, 8, 9], [7, 10], [11, 12, 13], [14]], max_nodes=9)
+    assert len(tree) == 9 and not tree.is_chain()
+    target.prefill(prompt)
+    got = target.forward_tree(tree.tokens, tree.ancestors(), tree.depth, past).copy()
+    for leaf in tree.leaves():
+        path = tree.path(leaf)
+        target.prefill(prompt)
+        chain = target.forward(tree.tokens[path], past).copy()
+        np.testing.assert_allclose(got[path], chain, atol=2e-5, rtol=0)
+        assert np.array_equal(got[path].argmax(-1), chain.argmax(-1))
+
+
+def assert_a_chain_through_the_tree_input_is_the_chain(target) -> None:
+    """A chain's tree call gives the chain call bit for bit, and chain calls after it bind
+    their own mask again: the same bits as before it."""
+    prompt, drafts = np.asarray(PROMPT, np.int64), [5, 6, 7, 8]
+    target.prefill(prompt)
+    one = target.forward(np.asarray(drafts[:1]), len(prompt)).copy()
+    chain = target.forward(np.asarray(drafts), len(prompt)).copy()
+    tree = Tree.chain(drafts[0], drafts[1:])
+    got = target.forward_tree(tree.tokens, tree.ancestors(), tree.depth, len(prompt)).copy()
+    assert np.array_equal(got, chain)
+    assert np.array_equal(target.forward(np.asarray(drafts[:1]), len(prompt)), one)
+    assert np.array_equal(target.forward(np.asarray(drafts), len(prompt)), chain)
+
+
+def assert_compacted_rows_are_the_chains(tree_side, chain_side, rows_axis: int) -> None:
+    """The accepted path [root, n2, n4] (not the first branch) moved to rows past..past+2:
+    the caches hold what a chain of that path wrote (their rows on `rows_axis` after the
+    slot's), and the next call reads them as the chain's next call does."""
+    prompt = np.asarray(PROMPT, np.int64)
+    past = len(prompt)
+    tree = Tree.from_paths(5, [[7, 8], [11, 12]], max_nodes=5)      # 0:5 1:7 2:11 3:8 4:12
+    path = tree.path(4)                                              # [0, 2, 4]
+    tree_side.prefill(prompt)
+    tree_side.forward_tree(tree.tokens, tree.ancestors(), tree.depth, past)
+    tree_side.compact_rows(past, path)
+    chain_side.prefill(prompt)
+    chain_side.forward(tree.tokens[path], past)
+    rows = (0, *[slice(None)] * (rows_axis - 1), slice(0, past + 3))
+    for layer in range(len(tree_side.keys)):
+        for a, b in ((tree_side.keys, chain_side.keys), (tree_side.values, chain_side.values)):
+            np.testing.assert_allclose(a[layer][rows], b[layer][rows], atol=1e-5, rtol=0)
+    nxt = np.asarray([40, 41, 42], np.int64)
+    got = tree_side.forward(nxt, past + 3).copy()
+    want = chain_side.forward(nxt, past + 3).copy()
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)
+    assert np.array_equal(got.argmax(-1), want.argmax(-1))
+
+
+def assert_a_tree_past_the_width_is_refused(target) -> None:
+    n = target.max_new_len + 1
+    tree = Tree.from_paths(1, [[2 + i] for i in range(n - 1)], max_nodes=n)
+    target.prefill(np.asarray(PROMPT, np.int64))
+    with pytest.raises(BackendError, match=rf"a draft tree of {n} nodes exceeds the "
+                                           rf"{target.max_new_len} tokens.*--max-draft"):
+        target.forward_tree(tree.tokens, tree.ancestors(), tree.depth, len(PROMPT))
+
+
+def prediction_trials(gen, trials: int) -> Iterator[tuple[list[int], list[int]]]:
+    """Prompts whose last 3-gram occurred once before, followed by other tokens than the
+    target writes, and the target's own answer as the request's prediction: the sequence's
+    lookup (the longer match) wins the chain, the prediction's start is the other path."""
+    rng = np.random.default_rng(1)
+    for _ in range(trials):
+        abc = [int(x) for x in rng.integers(5, 300, 3)]
+        prompt = [int(x) for x in rng.integers(5, 300, 5)] + abc + \
+            [int(x) for x in rng.integers(5, 300, 8)] + [7] + abc
+        yield prompt, gen.generate(prompt, max_new_tokens=24, k=0, ignore_eos=True).token_ids
