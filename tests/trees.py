@@ -9,6 +9,9 @@ import numpy as np
 import pytest
 from ssd_runtime.errors import BackendError
 from ssd_runtime.round.tree import Tree
+from ssd_runtime.scheduler.cost import CostModel
+from ssd_runtime.scheduler.learning import Acceptance
+from ssd_runtime.scheduler.tree_plan import DEPTHS, RANKS, TreeAcceptance
 
 PROMPT = [3, 17, 44, 9, 120, 7, 7, 31, 250, 12, 5, 88]
 
@@ -88,3 +91,36 @@ def prediction_trials(gen, trials: int) -> Iterator[tuple[list[int], list[int]]]
         prompt = [int(x) for x in rng.integers(5, 300, 5)] + abc + \
             [int(x) for x in rng.integers(5, 300, 8)] + [7] + abc
         yield prompt, gen.generate(prompt, max_new_tokens=24, k=0, ignore_eos=True).token_ids
+
+
+def known(by_rank: list[float]) -> TreeAcceptance:
+    """Acceptance by rank at every depth, seen so often that a run cannot move it."""
+    acc = TreeAcceptance()
+    for d in range(DEPTHS):
+        for r in range(RANKS):
+            acc.tried[d][r] = 1e9
+            acc.hits[d][r] = 1e9 * by_rank[min(r, len(by_rank) - 1)]
+    return acc
+
+
+def assert_auto_drafts_the_trees_it_prices(gen, prompts, sampling: dict, monkeypatch) -> None:
+    """k="auto" (design §6 "Trees"): the schedule plans a tree from the acceptance learnt by
+    depth and rank and the calibrated costs (here a cheap draft and a flat verification). A
+    draft whose first guess seldom passes but whose second and third often do drafts trees,
+    and the output is the target's alone (greedy; seeded sampling); where later guesses
+    never pass, the same plan drafts chains only."""
+    knowledge = gen.knowledge
+    kind = "invariant" if sampling else "greedy"        # a seed: the target alone's tokens
+    flat = CostModel(1.0, 0.05, tuple(1.0 + 0.01 * k for k in range(gen.manifest.max_draft + 1)))
+    assert knowledge.draft_trees
+    monkeypatch.setattr(knowledge, "cost", flat)
+    for later, trees in ((0.6, True), (0.0, False)):
+        monkeypatch.setattr(knowledge, "times", {})
+        monkeypatch.setattr(knowledge, "learnt", {kind: Acceptance.starting_at(0.15)})
+        monkeypatch.setattr(knowledge, "trees", {kind: known([0.15, later])})
+        for prompt in prompts:
+            alone = gen.generate(prompt, max_new_tokens=20, k=0, **sampling).token_ids
+            res = gen.generate(prompt, max_new_tokens=20, k="auto", draft_source="model",
+                               **sampling)
+            assert res.token_ids == alone
+            assert (res.stats.tree_rounds > 0) == trees, (later, res.stats.tree_rounds)

@@ -1,13 +1,13 @@
-"""Head trees against head chains (issue 56): the same prompts through the loop, side by side,
-alternated, greedy, every answer checked against k = 0.
+"""Draft trees against chains (issue 56), a head's or a draft model's: the same prompts through
+the loop, side by side, alternated, greedy, every answer checked against k = 0.
 
     python tools/head_tree_bench.py BUNDLE [--prompts tools/data/exact_chat_prompts.jsonl]
                                    [--max-new-tokens 128] [--threads 2] [--repeat 1]
                                    [--modes k0,c1,c2,c3,t6x5x1x1@1,t8x3x2x2@2] [--json OUT]
 
-BUNDLE: a target with an EAGLE-3 or MTP head (ssd-export --draft HEAD). A mode is `k0` (the
-target alone), `cK` (the head's chain of K drafts a round, FixedK), `tNxWxDxB@K` (the head's
-tree of that TreeShape, its depth capped at K: HeadDrafter.tree_shape with FixedK(K)), `auto`
+BUNDLE: a target with an EAGLE-3 or MTP head (ssd-export --draft HEAD) or a draft model. A mode
+is `k0` (the target alone), `cK` (the draft's chain of K drafts a round, FixedK), `tNxWxDxB@K`
+(its tree of that TreeShape, its depth capped at K: Drafter.tree_shape with FixedK(K)), `auto`
 (k="auto": the planner's chains and trees, tree_plan) or `autochain` (k="auto", chains only),
 all with draft_source="model"; the auto modes share what the generator learns. Each prompt runs in every mode in turn, the first mode rotating,
 --repeat times. Reported per mode: decode tokens/s per request (median and range), tokens and
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ssd_runtime import Generator
 from ssd_runtime.bench import load_prompts
-from ssd_runtime.round.features import HeadDrafter
+from ssd_runtime.round.drafting import Drafter
 from ssd_runtime.round.tree_draft import TreeShape
 
 CHAT = Path(__file__).parent / "data" / "exact_chat_prompts.jsonl"
@@ -54,9 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = args.modes.split(",")
     plans = {m: parse(m) for m in modes}
     gen = Generator.load(args.bundle, backend="cpu", threads=(args.threads, args.threads))
-    trees = gen.knowledge.head_trees        # whether auto may plan trees on this bundle
-    if gen.features is None:
-        sys.exit(f"{args.bundle}: its draft is no EAGLE-3 or MTP head (ssd-export --draft HEAD).")
+    trees = gen.knowledge.draft_trees        # whether auto may plan trees on this bundle
     prompts = [gen.encode(p) for p in load_prompts(args.prompts)]
     alone = [gen.generate(p, max_new_tokens=args.max_new_tokens, k=0).token_ids
              for p in prompts]
@@ -67,13 +65,13 @@ def main(argv: list[str] | None = None) -> int:
             turn = (i + rep) % len(modes)
             for m in modes[turn:] + modes[:turn]:
                 k, shape = plans[m]
-                HeadDrafter.tree_shape = shape
-                gen.knowledge.head_trees = trees and m != "autochain"
+                Drafter.tree_shape = shape
+                gen.knowledge.draft_trees = trees and m != "autochain"
                 try:
                     res = gen.generate(p, max_new_tokens=args.max_new_tokens, k=k,
                                        draft_source="model")
                 finally:
-                    HeadDrafter.tree_shape = None
+                    Drafter.tree_shape = None
                 st, row = res.stats, found[m]
                 row["rates"].append(st.new_tokens / st.seconds["decode"])
                 row["tokens"] += st.new_tokens

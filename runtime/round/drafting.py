@@ -25,6 +25,7 @@ from ..backends.base import ModelSession
 from .lookup import Lookup, lookup_tree
 from .rules import Rule
 from .tree import Tree
+from .tree_draft import TreeShape, expand
 
 
 class Schedule(Protocol):
@@ -98,6 +99,11 @@ class Drafter:
         self.unknown = draft_vocab if target_vocab > draft_vocab else None   # ids to replace
 
     extends_lookup = True       # the model may draft on after lookup's tokens (one call)
+    # draft trees (design §4, §6 "Trees"): where the loop lets the row verify a tree, a round
+    # the schedule gives model tokens drafts the schedule's planned tree (k="auto":
+    # AdaptiveK.planned_tree), or this shape where set by hand (any k > 0: a benchmark's fixed
+    # shapes), instead of a chain; its nodes capped by tree_nodes, its depth by k
+    tree_shape: TreeShape | None = None
     # a lookup tree's nodes beyond its chain's, as a fraction of the chain's rows (at least
     # one; 0: chains only): the verification's price of a tree is not learnt (design §4)
     tree_extra = 0.5
@@ -186,7 +192,51 @@ class Drafter:
                             seq, taken)], min(self.tree_nodes, taken + 1 + extra))
                     return found[:taken], [None] * taken, 0
                 return found[:taken], [None] * taken, k - taken
-        return [], [], max(0, min(k, schedule.model_cap)) if model else 0
+        left = max(0, min(k, schedule.model_cap)) if model else 0
+        if left and self.tree_nodes >= 3:
+            self.tree = self._draft_tree(seq, left)
+            if self.tree is not None:
+                self.synced = False                # the draft has not seen the path taken
+                return [], [], 0
+        return [], [], left
+
+    def _draft_tree(self, seq: list[int], left: int) -> Tree | None:
+        """This round's tree of model drafts (tree_draft.expand over node_step), where the
+        schedule plans one or a shape is set; else None (a chain)."""
+        shape, chance = self.tree_shape, None
+        if shape is None:
+            plan = self.schedule.planned_tree()
+            if plan is None:
+                return None
+            shape = TreeShape(plan.nodes, plan.width, plan.depth, plan.beam)
+            chance = self.schedule.tree.chance  # nodes kept by their learnt chance: the plan's
+        nodes = min(self.tree_nodes, shape.nodes)
+        if nodes < 3:
+            return None
+        shape = TreeShape(nodes, shape.width, min(shape.depth, left), shape.beam)
+        return expand(seq[-1], self.node_step(seq), shape, self.rule.draft_candidates,
+                      len(seq), chance=chance).tree
+
+    def node_step(self, seq: list[int]):
+        """tree_draft.expand's `step` for a draft graph without a tree input (design §4,
+        "Trees"): the root's call feeds every token the draft has not seen (committed tokens:
+        their rows stay, draft_len moves to len(seq)); each other expanded node one call over
+        its path at len(seq), rows there scratch that the next node's call overwrites. The
+        next round feeds the accepted tokens, as after a rejected chain."""
+        base = len(seq)
+
+        def step(tree: Tree, nodes: list[int]) -> np.ndarray:
+            rows = []
+            for u in nodes:
+                feed, at = (seq[self.draft_len:], self.draft_len) if u == 0 else \
+                    (tree.pending(u), base)
+                logits = call(self.draft.forward, self.ids(feed), at, self.slot)
+                self.draft_calls += 1
+                if u == 0:
+                    self.draft_len = base
+                rows.append(np.array(logits[-1], np.float32)[:self.cut])
+            return np.stack(rows)
+        return step
 
     def force(self, drafts: list[int], left: int) -> tuple[list[int], int]:
         """After the model's latest draft token (the last of `drafts`): the tokens the grammar

@@ -33,7 +33,6 @@ from ..errors import ConfigError
 from .drafting import Drafter, Schedule, call
 from .lookup import Lookup
 from .rules import Rule
-from .tree_draft import TreeShape, expand
 
 CAPACITY = 2 * PREFILL_CHUNK        # positions of features kept per slot
 SLACK = CAPACITY - PREFILL_CHUNK    # the most a head may lag when the target writes a chunk
@@ -81,11 +80,8 @@ class HeadDrafter(Drafter):
 
     extends_lookup = False      # a head cannot feed lookup tokens in one call: each needs
     #                             the hidden of the one before (a call per token)
-    # head trees (design §14, "Head trees"): where the loop lets the row verify a tree, a
-    # round drafts the schedule's planned tree (k="auto": AdaptiveK.planned_tree), or this
-    # shape where set by hand (any k > 0), with head_step instead of a chain (its nodes capped
-    # by the loop's tree_nodes, its depth by k)
-    tree_shape: TreeShape | None = None
+    # head trees (design §14, "Head trees"): as a model draft's (Drafter.tree_shape, the
+    # schedule's planned tree), each node drafted by head_step instead of a chain call
 
     def __init__(self, draft: ModelSession, rule: Rule, schedule: Schedule,
                  vocab: tuple[int, int] | None, lookup: Lookup | None, slot: int,
@@ -105,24 +101,11 @@ class HeadDrafter(Drafter):
     def start(self, seq: list[int], k: int) -> tuple[list[int], list, int]:
         self.chained = False
         self.fed_until = self.draft_len
-        drafts, probs, left = super().start(seq, k)
-        if drafts or left < 1 or self.tree_nodes < 3:
-            return drafts, probs, left
-        shape, chance = self.tree_shape, None
-        if shape is None:                       # the schedule's plan (k="auto"), if a tree
-            plan = self.schedule.planned_tree()
-            if plan is None:
-                return drafts, probs, left
-            shape = TreeShape(plan.nodes, plan.width, plan.depth, plan.beam)
-            chance = self.schedule.tree.chance  # nodes kept by their learnt chance: the plan's
-        nodes = min(self.tree_nodes, shape.nodes)
-        if nodes < 3:
-            return drafts, probs, left
-        shape = TreeShape(nodes, shape.width, min(shape.depth, left), shape.beam)
-        drafted = expand(seq[-1], head_step(self, seq), shape, self.rule.draft_candidates,
-                         len(seq), chance=chance)
-        self.tree = drafted.tree                # verified by the loop as lookup's (judge)
-        return [], [], 0
+        return super().start(seq, k)
+
+    def node_step(self, seq: list[int]):
+        """A tree's nodes drafted by the head (head_step), not by chain calls."""
+        return head_step(self, seq)
 
     def compacted(self, target_len: int, nodes: list[int]) -> None:
         self.store.compact(self.slot, target_len, nodes)

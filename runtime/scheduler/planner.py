@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from .. import cache, contract
+from .. import cache
 from ..round.loop import Loop, Row
 from ..round.lookup import (EARLIER, EARLIER_PRIOR, MAX_NGRAM, MODEL_FREE, PREDICTION_PRIOR,
                             SUFFIX_SHORT)
@@ -67,10 +67,10 @@ class Knowledge:
         self.pair_alpha = manifest.pair_worth.get("alpha")   # the export's measured agreement
         self.key, self.recalibrate = key, recalibrate        # where measurements are remembered
         self.learnt: dict[str, Acceptance] = {}      # k="auto": per decoding kind, and lookup's
-        self.trees: dict[str, TreeAcceptance] = {}   # ... a head's trees, by depth and rank
-        # a head drafts trees under auto where the target verifies them (design §6, §14)
-        self.head_trees = Loop.trees and getattr(target, "takes_trees", False) and \
-            contract.FEATURES in getattr(draft, "extra_in", {})
+        self.trees: dict[str, TreeAcceptance] = {}   # ... the draft's trees, by depth and rank
+        # the draft (a model or a head) drafts trees under auto where the target verifies
+        # them (design §6 "Trees", §14)
+        self.draft_trees = Loop.trees and getattr(target, "takes_trees", False)
         self.times: dict[str, RoundTimes] = {}       # ... how long rounds took, per mode
         self.cost: CostModel | None = None           # c and v(k) (cost_model)
         self.batch_costs: dict[int, BatchCost] = {}  # calls of this many rows, timed
@@ -108,9 +108,9 @@ class Knowledge:
         if mode not in self.times:
             self.times[mode] = RoundTimes.from_cost(cost, self.max_draft)
         learnt = self.acceptance(kind).carried() if own else self.acceptance(kind)
-        # a row alone drafts a head's trees (a batch's rows verify chains: design §14)
+        # a row alone plans the draft's trees (a batch's rows draft chains: design §6)
         tree = self.trees.setdefault(kind, TreeAcceptance(alpha=learnt.alpha)) \
-            if self.head_trees and not own and source not in MODEL_FREE else None
+            if self.draft_trees and not own and source not in MODEL_FREE else None
         return AdaptiveK(cost, self.max_draft, learnt, self.times[mode],
                          lookup=None if source == "model" and not predicted else lookup,
                          model=source not in MODEL_FREE, tree=tree,

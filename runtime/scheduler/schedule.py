@@ -14,6 +14,11 @@ from .cost import CostModel, expected_tokens
 from .learning import PROBE, PROBE_BACKOFF, PROBE_EVERY, Acceptance, Sources, tenth
 from .tree_plan import TreeAcceptance, TreePlan, plan_for
 
+# A tree's plan (tree_plan.plan_for, ~0.6 ms) is worked out again with the chain's, but at
+# most every TREE_REPLAN rounds: what it reads (acceptance by depth and rank, forgotten at
+# 0.98 a round) moves over tens of rounds.
+TREE_REPLAN = 32
+
 
 @dataclass
 class FixedK:
@@ -187,6 +192,7 @@ class AdaptiveK:
     tree_nodes: int = 0           # the most nodes a tree may have, root included
     _tree: TreePlan | None = None             # the plan's tree, where one beats every chain
     _tree_round: bool = False     # this round drafts that tree
+    _tree_age: int = TREE_REPLAN  # rounds since the tree was planned
 
     def __post_init__(self) -> None:
         if self.times is None:
@@ -216,9 +222,9 @@ class AdaptiveK:
             seconds = self.times.seconds
             best = self._plan[0]
             self._plan_rate = expected_tokens(alpha, best) / seconds[best]
-            if self.tree is not None and self.model:
+            if self.tree is not None and self.model and self._tree_age >= TREE_REPLAN:
                 tree = plan_for(self.tree, self.cost, self.tree_nodes, "nodes")
-                self._tree = None if tree.is_chain or tree.nodes < 3 else tree
+                self._tree, self._tree_age = None if tree.is_chain or tree.nodes < 3 else tree, 0
             # a probe can change the plan only where some α would make drafting pay: a draft
             # as dear as the target never pays, and each probe pays the draft's catch-up over
             # the rounds since (docs/performance-notes.md §6, "Probes"). Such a draft is probed
@@ -226,6 +232,7 @@ class AdaptiveK:
             # probe's round times are what would correct it)
             self._probing = best > 0 or self._tree is not None or self.plan(0.999)[0] > 0
         self._rounds += 1
+        self._tree_age += 1
         # The plan is only a cap: the stopping rule below ends the round where no more tokens
         # are worth their time and knows more than α does (each token's confidence), so a
         # round may run to max_k; none is drafted when not even one token pays at this α.

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tiny
 from heads import assert_batch_drafts_as, head_row
+from trees import assert_auto_drafts_the_trees_it_prices
 import torch
 from ssd_export import ExportConfig
 from ssd_graphs.eagle3 import aux_hidden, load_head
@@ -21,9 +22,6 @@ from ssd_runtime.round.loop import Loop
 from ssd_runtime.round.tree import Tree
 from ssd_runtime.round.tree_draft import TreeShape, expand
 from ssd_runtime.round.tree_round import judge
-from ssd_runtime.scheduler.cost import CostModel
-from ssd_runtime.scheduler.learning import Acceptance
-from ssd_runtime.scheduler.tree_plan import DEPTHS, RANKS, TreeAcceptance
 
 WIDTH = 64                                      # the "llama" fixture target's hidden size
 PROMPTS = [[5, 9, 14, 3, 22, 7], [40, 2, 2, 17], [11, 60, 3, 8, 19, 25, 31, 4, 9]]
@@ -196,37 +194,9 @@ def test_head_trees_in_the_loop_are_the_target_alone(gen, sampling, monkeypatch)
             assert res.stats.tree_rounds > 0 and res.stats.tree_nodes > res.stats.tree_rounds
 
 
-def known(by_rank: list[float]) -> TreeAcceptance:
-    """Acceptance by rank at every depth, seen so often that a run cannot move it."""
-    acc = TreeAcceptance()
-    for d in range(DEPTHS):
-        for r in range(RANKS):
-            acc.tried[d][r] = 1e9
-            acc.hits[d][r] = 1e9 * by_rank[min(r, len(by_rank) - 1)]
-    return acc
-
-
 @pytest.mark.parametrize("sampling", [{}, {"temperature": 0.9, "seed": 3}])
-def test_auto_drafts_the_trees_its_plan_prices(gen, sampling, monkeypatch):
-    """k="auto" beside a head (design §6 "Trees", §14): the schedule plans a tree from the
-    acceptance learnt by depth and rank and the calibrated costs. A head whose first guess
-    seldom passes but whose second and third often do drafts trees, and the output is the
-    target's alone; where later guesses never pass, the same plan drafts chains only."""
-    knowledge = gen.knowledge
-    kind = "invariant" if sampling else "greedy"        # a seed: the target alone's tokens
-    flat = CostModel(1.0, 0.05, tuple(1.0 + 0.01 * k for k in range(gen.manifest.max_draft + 1)))
-    assert knowledge.head_trees
-    monkeypatch.setattr(knowledge, "cost", flat)
-    for later, trees in ((0.6, True), (0.0, False)):
-        monkeypatch.setattr(knowledge, "times", {})
-        monkeypatch.setattr(knowledge, "learnt", {kind: Acceptance.starting_at(0.15)})
-        monkeypatch.setattr(knowledge, "trees", {kind: known([0.15, later])})
-        for prompt in PROMPTS:
-            alone = gen.generate(prompt, max_new_tokens=20, k=0, **sampling).token_ids
-            res = gen.generate(prompt, max_new_tokens=20, k="auto", draft_source="model",
-                               **sampling)
-            assert res.token_ids == alone
-            assert (res.stats.tree_rounds > 0) == trees, (later, res.stats.tree_rounds)
+def test_auto_drafts_the_head_trees_its_plan_prices(gen, sampling, monkeypatch):
+    assert_auto_drafts_the_trees_it_prices(gen, PROMPTS, sampling, monkeypatch)
 
 
 def test_a_tree_verdict_moves_the_accepted_features_with_the_rows(gen):

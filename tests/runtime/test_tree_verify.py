@@ -15,8 +15,9 @@ from ssd_runtime.manifest import read_manifest
 from ssd_runtime.round.lookup import lookup_tree
 from ssd_runtime.round.tree import Tree
 from trees import (PROMPT, assert_a_chain_through_the_tree_input_is_the_chain,
-                   assert_a_tree_past_the_width_is_refused, assert_compacted_rows_are_the_chains,
-                   assert_nodes_see_their_paths, prediction_trials)
+                   assert_a_tree_past_the_width_is_refused, assert_auto_drafts_the_trees_it_prices,
+                   assert_compacted_rows_are_the_chains, assert_nodes_see_their_paths,
+                   prediction_trials)
 
 
 
@@ -104,6 +105,14 @@ def test_greedy_with_lookup_trees_is_k0_and_takes_the_branch_the_chain_missed(
     # beats; auto's schedule may take the prediction first, where both drafts agree
     assert gained > 0 if k == 4 else gained >= 0
     assert rounds[True] <= rounds[False]
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.9, "seed": 3}])
+def test_auto_drafts_the_model_trees_its_plan_prices(tree_bundle, sampling, monkeypatch):
+    """A draft model's trees (Drafter.tree_step: a call per expanded node over its path)."""
+    gen = Generator.load(tree_bundle, backend="cpu", threads=1)
+    prompts = [PROMPT, [5, 9, 14, 3, 22, 7], [40, 2, 2, 17, 250, 31]]
+    assert_auto_drafts_the_trees_it_prices(gen, prompts, sampling, monkeypatch)
 
 
 def test_seeded_sampling_with_lookup_trees_is_reproducible(tree_bundle):
