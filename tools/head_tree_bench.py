@@ -9,7 +9,8 @@ BUNDLE: a target with an EAGLE-3 or MTP head (ssd-export --draft HEAD) or a draf
 is `k0` (the target alone), `cK` (the draft's chain of K drafts a round, FixedK), `tNxWxDxB@K`
 (its tree of that TreeShape, its depth capped at K: Drafter.tree_shape with FixedK(K)), `auto`
 (k="auto": the planner's chains and trees, tree_plan) or `autochain` (k="auto", chains only),
-all with draft_source="model"; the auto modes share what the generator learns. Each prompt runs in every mode in turn, the first mode rotating,
+all with draft_source="model"; each auto mode on a Generator of its own (what k="auto" learns
+carries over the prompts, as in a server, but not from one mode into another). Each prompt runs in every mode in turn, the first mode rotating,
 --repeat times. Reported per mode: decode tokens/s per request (median and range), tokens and
 accepted per round, nodes per round, partings from k = 0 (must be 0).
 """
@@ -54,7 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     modes = args.modes.split(",")
     plans = {m: parse(m) for m in modes}
     gen = Generator.load(args.bundle, backend="cpu", threads=(args.threads, args.threads))
-    trees = gen.knowledge.draft_trees        # whether auto may plan trees on this bundle
+    gens = {m: Generator.load(args.bundle, backend="cpu", threads=(args.threads, args.threads))
+            if plans[m][0] == "auto" else gen for m in modes}
+    for m in modes:
+        if m == "autochain":
+            gens[m].knowledge.draft_trees = False
     prompts = [gen.encode(p) for p in load_prompts(args.prompts)]
     alone = [gen.generate(p, max_new_tokens=args.max_new_tokens, k=0).token_ids
              for p in prompts]
@@ -66,10 +71,9 @@ def main(argv: list[str] | None = None) -> int:
             for m in modes[turn:] + modes[:turn]:
                 k, shape = plans[m]
                 Drafter.tree_shape = shape
-                gen.knowledge.draft_trees = trees and m != "autochain"
                 try:
-                    res = gen.generate(p, max_new_tokens=args.max_new_tokens, k=k,
-                                       draft_source="model")
+                    res = gens[m].generate(p, max_new_tokens=args.max_new_tokens, k=k,
+                                           draft_source="model")
                 finally:
                     Drafter.tree_shape = None
                 st, row = res.stats, found[m]
@@ -80,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                 row["nodes"] += st.tree_nodes if st.tree_rounds else st.drafted
                 row["tree_rounds"] += st.tree_rounds
                 row["partings"] += res.token_ids != want
-    auto = gen.knowledge.trees.get("greedy")
+    auto = gens["auto"].knowledge.trees.get("greedy") if "auto" in gens else None
     report = {"bundle": args.bundle, "learnt_by_depth_rank": auto.as_dict() if auto else None, "prompts": len(prompts), "repeat": args.repeat,
               "max_new_tokens": args.max_new_tokens, "threads": args.threads, "modes": {}}
     base = statistics.median(found["k0"]["rates"]) if "k0" in found else None
