@@ -240,7 +240,8 @@ def ours_variants(bundle: Path, threads: int, ks: list[int | str]) -> list[Varia
     where = f" ({gen.target.threads}:{gen.draft.threads})"
     quant = gen.manifest.target.quant        # "none", or issue 23's int8 / int4 target
     precision = "fp32" if quant == "none" else quant
-    label = _quantized(target=precision).lstrip()
+    # a head's bundle apart from a draft model's of the same target precision
+    label = (_quantized(target=precision) + (" head" if gen.features is not None else "")).lstrip()
 
     def runner(k: int | str, source: str) -> Callable[[list[int], int], Sample]:
         def run(ids: list[int], n: int) -> Sample:

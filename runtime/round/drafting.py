@@ -55,7 +55,9 @@ class Schedule(Protocol):
     def observe(self, drafted: int, accepted: int, seconds: float | None = None,
                 forced: int = 0) -> None: ...
 
-    def planned_tree(self): ...
+    def planned_tree(self):
+        """This round's tree where the plan drafts one (scheduler/tree_plan.TreePlan), else
+        None."""
 
     def observe_tree(self, tree: Tree, path: list[int]) -> None: ...
 

@@ -63,7 +63,7 @@ class FixedK:
         return k if self.model else 0
 
     def planned_tree(self) -> TreePlan | None:
-        """A fixed k drafts chains (a tree's shape by hand: HeadDrafter.tree_shape)."""
+        """A fixed k drafts chains (a tree's shape by hand: Drafter.tree_shape)."""
         return None
 
     def observe_tree(self, tree, path) -> None:
