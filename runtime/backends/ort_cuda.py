@@ -61,7 +61,7 @@ class OrtCudaSession(OrtCpuSession):
         # a target's tree input (any flavour) is bound as on the CPU (a chain's lower triangle on
         # every call), but the loop verifies no tree here: moving the accepted path's rows in
         # device arenas (compact_rows) is not written (docs/design.md §3)
-        self.takes_trees = False
+        self.takes_trees = self.verifies_trees = False
 
     def compact_rows(self, past_len: int, nodes: list[int], slot: int = 0) -> None:
         raise BackendError(f"{self.name}: draft trees are not verified on the {self.backend} "

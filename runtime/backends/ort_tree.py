@@ -24,6 +24,11 @@ class OrtTreeMixin:
         # backend that cannot move its arenas' rows says no: ort_cuda.py)
         self._mask_input = contract.TREE_MASK in {i.name for i in self.session.get_inputs()}
         self.takes_trees = self._mask_input
+        # whether the loop verifies trees here: not on a row-exact flavour (static), whose
+        # promise is the bits of k = 0: a node off the tree's first path is its path's chain
+        # up to the sums' order only (its keys lie at other rows), and a path through it would
+        # leave rows, and later tokens, a chain would not have (design §2 "Trees", §12)
+        self.verifies_trees = self.takes_trees and self.entry.graph != contract.STATIC
         side = max(width, PREFILL_CHUNK)
         # (B, T, T) bool, flat: B·T·T <= max(max_batch·max_new_len², PREFILL_CHUNK²)
         size = max(self.max_batch * self.max_new_len ** 2, side * side) \

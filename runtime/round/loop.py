@@ -155,7 +155,7 @@ class Loop:
         self.max_draft = target.max_new_len - 2     # the bundle's: a verification's drafts
         # the most nodes a row alone's tree may have (ort_tree.py; design §2, §4 "Trees")
         self.tree_nodes = self.max_draft + 1 \
-            if self.trees and getattr(target, "takes_trees", False) else 0
+            if self.trees and getattr(target, "verifies_trees", False) else 0
         # the last round's (draft seconds, draft calls, verify seconds, verified width), its
         # draft seconds without the catch-up prefills, which are `caught_up`: (tokens, seconds)
         self.last: tuple[float, int, float, int] = (0.0, 0, 0.0, 0)

@@ -70,7 +70,7 @@ class Knowledge:
         self.trees: dict[str, TreeAcceptance] = {}   # ... the draft's trees, by depth and rank
         # the draft (a model or a head) drafts trees under auto where the target verifies
         # them (design §6 "Trees", §14)
-        self.draft_trees = Loop.trees and getattr(target, "takes_trees", False)
+        self.draft_trees = Loop.trees and getattr(target, "verifies_trees", False)
         self.times: dict[str, RoundTimes] = {}       # ... how long rounds took, per mode
         self.cost: CostModel | None = None           # c and v(k) (cost_model)
         self.batch_costs: dict[int, BatchCost] = {}  # calls of this many rows, timed

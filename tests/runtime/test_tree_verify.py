@@ -125,16 +125,14 @@ def test_seeded_sampling_with_lookup_trees_is_reproducible(tree_bundle):
     assert runs[0].stats.tree_rounds > 0
 
 
-@pytest.mark.parametrize("flavour", ["ort", "static"])
 def test_a_batch_of_four_verifies_its_rows_trees_and_gives_each_prompt_alone(
-        tree_bundle, static_bundle, flavour, monkeypatch):
+        tree_bundle, monkeypatch):
     """Rows of a batch each verify their own lookup tree in the batch's one call (the ort
-    target's rows graph, or the static graph; design §4, §11); every row gets k=0's tokens,
-    and trees take tokens chains missed."""
+    target's rows graph; design §4, §11); every row gets k=0's tokens, and trees take tokens
+    chains missed."""
     from ssd_runtime.round.loop import Loop
 
-    bundle = tree_bundle if flavour == "ort" else static_bundle
-    gen = Generator.load(bundle, backend="cpu", threads=1, max_batch=4)
+    gen = Generator.load(tree_bundle, backend="cpu", threads=1, max_batch=4)
     trials = list(prediction_trials(gen, 4))
     asks = [{"prompt": p, "prediction": alone} for p, alone in trials]
     gained = {}
@@ -179,19 +177,23 @@ def test_the_static_target_takes_trees_and_keeps_its_rows_exact(static_bundle):
         assert np.array_equal(got[path].argmax(-1), chain.argmax(-1))
 
 
-def test_greedy_with_lookup_trees_on_a_static_target_is_k0(static_bundle, monkeypatch):
-    from ssd_runtime.round.loop import Loop
-
-    gen = Generator.load(static_bundle, backend="cpu", threads=1)
-    gained = 0
-    for prompt, alone in prediction_trials(gen, 3):
-        for trees in (True, False):
-            monkeypatch.setattr(Loop, "trees", trees)
-            res = gen.generate(prompt, max_new_tokens=24, k=4, draft_source="lookup",
-                               ignore_eos=True, prediction=alone)
-            assert res.token_ids == alone
-            gained += res.stats.tree_gained
-    assert gained > 0
+def test_a_row_exact_target_verifies_chains_alone_and_in_a_batch(static_bundle):
+    """The static flavour keeps k = 0's bits (design §12), which a node off a tree's first
+    path does not (above: its path's up to the sums' order): the loop verifies no tree on it
+    (lookup's or a draft's, alone or in a batch) though the graph takes one, and every
+    request is k = 0's."""
+    gen = Generator.load(static_bundle, backend="cpu", threads=1, max_batch=3)
+    assert gen.target.takes_trees and not gen.target.verifies_trees
+    assert not gen.knowledge.draft_trees
+    trials = list(prediction_trials(gen, 3))
+    for prompt, alone in trials:
+        res = gen.generate(prompt, max_new_tokens=24, k=4, draft_source="lookup",
+                           ignore_eos=True, prediction=alone)
+        assert res.token_ids == alone and res.stats.tree_rounds == 0
+    results = gen.generate_batch([{"prompt": p, "prediction": alone} for p, alone in trials],
+                                 max_new_tokens=24, k=4, draft_source="lookup", ignore_eos=True)
+    assert [r.token_ids for r in results] == [alone for _, alone in trials]
+    assert sum(r.stats.tree_rounds for r in results) == 0
 
 
 def test_the_device_path_binds_a_chains_mask_and_verifies_no_tree(static_bundle):
