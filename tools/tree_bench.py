@@ -96,8 +96,9 @@ def main() -> None:
     # the target alone on a generator of its own: what k=0's rounds teach a generator (its
     # round times) stays out of the modes'
     reference = Generator.load(args.bundle, threads=args.threads)
-    if not reference.target.takes_trees:
-        raise SystemExit(f"{args.bundle}: its target takes no draft tree (schema 13's tree).")
+    if not reference.target.verifies_trees:
+        raise SystemExit(f"{args.bundle}: the loop verifies no draft tree on its target (schema "
+                         f"13's tree input, on a flavour without a bitwise promise: ort).")
     work = requests(reference, args.workload, args.max_new_tokens)
     for m, gen in gens.items():      # warm: k=auto's first call calibrates (design §6)
         run(gen, m, work[0][1], 8, k, args.draft_source, None)
