@@ -447,7 +447,14 @@ def test_full_queue_answers_429_and_waiting_clients_can_leave(gated):
         # one running (blocked on its first piece) and max_queue=2 waiting
         streams = [http.send(http.build_request("POST", "/v1/completions", json=body),
                              stream=True) for _ in range(3)]
-        assert gated.health()["queue_depth"] == 2 and gated.health()["busy"]
+        # the engine's worker moves the first from its inbox into a slot: between the two a
+        # health check may see it in neither (a beat on a loaded machine)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (
+                gated.health()["queue_depth"] == 2 and gated.health()["busy"]):
+            time.sleep(0.01)
+        health = gated.health()
+        assert health["queue_depth"] == 2 and health["busy"], health
         res = http.post("/v1/completions", json={**body, "stream": False})
         assert res.status_code == 429, res.text
         assert int(res.headers["retry-after"]) >= 1
