@@ -87,9 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trees", choices=get_args(Trees), default="auto",
                    help="whether the target's graph takes draft trees (several guesses a "
                         "position, verified in one call; design §2): auto (default) in the ort "
-                        "and static flavours, whose chains it costs nothing; on: the standard "
-                        "flavour too, whose every call it costs a few percent on a CPU and "
-                        "whose GPU backends verify chains only; off: none")
+                        "and static flavours, whose chains it costs nothing (the runtime "
+                        "verifies trees on ort targets; a static one keeps k=0's bits and "
+                        "verifies chains); on: the standard flavour too, whose every call it "
+                        "costs a few percent on a CPU and whose GPU backends verify chains "
+                        "only; off: none")
     p.add_argument("--calib", metavar="FILE.jsonl",
                    help="text for the quantization report and the pair's worth (the draft's "
                         "agreement with the target, docs/export.md), one {\"text\": ...} a line "

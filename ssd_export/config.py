@@ -41,7 +41,8 @@ class ExportConfig:
     quant_method: QuantMethod = "rtn"
     quant_lm_head: bool = True
     quant_compute: QuantCompute = "int8"
-    trees: Trees = "auto"           # auto: the ort and static flavours (and the rows graph)
+    trees: Trees = "auto"           # auto: the ort and static flavours (and the rows graph;
+                                    # the runtime verifies trees on ort targets only)
     calib: str | None = None        # JSONL of {"text": ...}: held-out text for the quality
                                     # report and the pair's worth (worth.py)
 

@@ -224,7 +224,9 @@ class Drafter:
         "Trees"): the root's call feeds every token the draft has not seen (committed tokens:
         their rows stay, draft_len moves to len(seq)); each other expanded node one call over
         its path at len(seq), rows there scratch that the next node's call overwrites. The
-        next round feeds the accepted tokens, as after a rejected chain."""
+        next round feeds the accepted tokens, as after a rejected chain. (tree_draft.branch_step
+        is the same without a drafter: it re-feeds the unseen tokens with every node, which
+        the tools' drafts, prefilled each round, never have.)"""
         base = len(seq)
 
         def step(tree: Tree, nodes: list[int]) -> np.ndarray:
