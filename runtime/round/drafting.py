@@ -222,7 +222,8 @@ class Drafter:
     def node_step(self, seq: list[int]):
         """tree_draft.expand's `step` for a draft graph without a tree input (design §4,
         "Trees"): the root's call feeds every token the draft has not seen (committed tokens:
-        their rows stay, draft_len moves to len(seq)); each other expanded node one call over
+        their rows stay, draft_len moves to len(seq); more than a call takes are prefilled first,
+        as Loop._step_alone does); each other expanded node one call over
         its path at len(seq), rows there scratch that the next node's call overwrites. The
         next round feeds the accepted tokens, as after a rejected chain. (tree_draft.branch_step
         is the same without a drafter: it re-feeds the unseen tokens with every node, which
@@ -232,6 +233,8 @@ class Drafter:
         def step(tree: Tree, nodes: list[int]) -> np.ndarray:
             rows = []
             for u in nodes:
+                if u == 0 and len(seq) - self.draft_len > self.draft.max_new_len:
+                    self.advance(seq[self.draft_len:-1])   # far behind: a prefill first
                 feed, at = (seq[self.draft_len:], self.draft_len) if u == 0 else \
                     (tree.pending(u), base)
                 logits = call(self.draft.forward, self.ids(feed), at, self.slot)

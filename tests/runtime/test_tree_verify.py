@@ -115,6 +115,25 @@ def test_auto_drafts_the_model_trees_its_plan_prices(tree_bundle, sampling, monk
     assert_auto_drafts_the_trees_it_prices(gen, prompts, sampling, monkeypatch)
 
 
+def test_a_draft_left_far_behind_by_lookup_drafts_its_tree_after_a_prefill(tree_bundle,
+                                                                          monkeypatch):
+    """Rounds of the prediction's tokens leave the draft model more tokens behind than one call
+    takes; the first round it drafts a tree, the root's call prefills them first (as a chain's
+    first step does) and the output stays k=0's."""
+    from ssd_runtime.round.drafting import Drafter
+    from ssd_runtime.round.tree_draft import TreeShape
+
+    gen = Generator.load(tree_bundle, backend="cpu", threads=1)
+    monkeypatch.setattr(Drafter, "tree_shape", TreeShape(6, 2, 3, 2))
+    prompt = [int(x) for x in np.random.default_rng(4).integers(5, 300, 9)]
+    alone = gen.generate(prompt, max_new_tokens=40, k=0, ignore_eos=True).token_ids
+    behind = gen.draft.max_new_len + 6
+    res = gen.generate(prompt, max_new_tokens=40, k=3, draft_source="fused", ignore_eos=True,
+                       prediction=alone[:behind] + [1] * 8)
+    assert res.token_ids == alone
+    assert res.stats.tree_rounds > 0
+
+
 def test_seeded_sampling_with_lookup_trees_is_reproducible(tree_bundle):
     gen = Generator.load(tree_bundle, backend="cpu", threads=1)
     prompt, alone = next(prediction_trials(gen, 1))
