@@ -23,6 +23,7 @@ import torch
 from .config import Preset
 from .corpus import Corpus
 from .data import Rows
+from .memory import give_back_freed
 from .student import head_logits
 
 MIX = {"mix": 0.5, "kl": 1.0, "top1": 0.0}   # weight a of the soft term
@@ -101,6 +102,7 @@ def train(model: torch.nn.Module, params: list[torch.nn.Parameter], rows: Rows |
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
+            give_back_freed()        # the step's tensors, shaped by its batch (memory.py)
             step += 1
             tokens += batch.positions
             loss_ema = value.item() if math.isnan(loss_ema) else \
