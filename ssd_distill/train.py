@@ -23,7 +23,7 @@ import torch
 from .config import Preset
 from .corpus import Corpus
 from .data import Rows
-from .memory import give_back_freed
+from .memory import HeapKeeper
 from .student import head_logits
 
 MIX = {"mix": 0.5, "kl": 1.0, "top1": 0.0}   # weight a of the soft term
@@ -92,6 +92,7 @@ def train(model: torch.nn.Module, params: list[torch.nn.Parameter], rows: Rows |
     start, last_save = time.monotonic(), time.monotonic()
     stopped = False
     interrupted = _defer_interrupt()
+    keep_heap = HeapKeeper()     # what steps of changing shapes free goes back (memory.py)
     try:
         while step < steps:
             batch = rows.draw(gen, preset.batch)
@@ -102,7 +103,7 @@ def train(model: torch.nn.Module, params: list[torch.nn.Parameter], rows: Rows |
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
-            give_back_freed()        # the step's tensors, shaped by its batch (memory.py)
+            keep_heap()
             step += 1
             tokens += batch.positions
             loss_ema = value.item() if math.isnan(loss_ema) else \
