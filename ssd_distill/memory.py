@@ -44,8 +44,9 @@ class HeapKeeper:
     positions it scores); glibc keeps what they freed for reuse and rarely returns it, so
     without this the process grows step after step (an hour's head training to 9.4–9.6 GiB,
     where a step needs under 1.5). Trimming after every step would pay the pages' faults
-    every step (about 6% of training's speed); at a ceiling it trims every several steps.
-    No effect without glibc."""
+    every step (about 6% of training's speed); at a ceiling it trims every several steps,
+    and where the memory is live (a trim leaves the process past the ceiling) the ceiling
+    moves up. No effect without glibc."""
 
     def __init__(self, slack: int = 1 << 30) -> None:
         self.slack, self.ceiling = slack, None
@@ -57,6 +58,9 @@ class HeapKeeper:
             self.ceiling = rss + self.slack
         elif rss > self.ceiling:
             _TRIM(0)
+            after = _rss()
+            if after is not None and after > self.ceiling:   # live, not freed: trim past it
+                self.ceiling = after + self.slack
 
 
 def _rss() -> int | None:

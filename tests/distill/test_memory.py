@@ -47,3 +47,17 @@ def test_the_freed_heap_goes_back_past_the_ceiling_and_stays_below_it():
     assert after < held - 300, (held, after)
     held, after = run(2000)                # below its ceiling: nothing is trimmed
     assert after > held - 50, (held, after)
+
+
+def test_a_ceiling_that_live_memory_passes_moves_up(monkeypatch):
+    """Memory still in use is not trimmed step after step: the ceiling moves past it."""
+    sizes = iter([100, 500, 480, 500, 500])          # MB: first step, live growth, and on
+    trims = []
+    monkeypatch.setattr(memory, "_rss", lambda: next(sizes) << 20)
+    monkeypatch.setattr(memory, "_TRIM", lambda pad: trims.append(pad))
+    keeper = memory.HeapKeeper(slack=200 << 20)
+    keeper()                                         # ceiling 300 MB
+    keeper()                                         # 500: trimmed, 480 still there
+    assert trims == [0] and keeper.ceiling == (480 + 200) << 20
+    keeper()                                         # 500 < 680: no trim
+    assert trims == [0]
