@@ -48,28 +48,26 @@ def assert_a_chain_through_the_tree_input_is_the_chain(target) -> None:
     assert np.array_equal(target.forward(np.asarray(drafts), len(prompt)), chain)
 
 
-def assert_compacted_rows_are_the_chains(tree_side, chain_side, rows_axis: int) -> None:
-    """The accepted path [root, n2, n4] (not the first branch) moved to rows past..past+2:
-    the caches hold what a chain of that path wrote (their rows on `rows_axis` after the
-    slot's), and the next call reads them as the chain's next call does."""
+def assert_the_first_paths_rows_are_a_chains(tree_side, chain_side, rows_axis: int) -> None:
+    """A tree's first path (nodes 1, 2, ... as a chain's rows; the other branches' rows after
+    it) leaves in the caches what a chain of that path writes, bit for bit (their rows on
+    `rows_axis` after the slot's), and the next call reads them as the chain's next call
+    does: the loop keeps that path and no other (tree_round.judge), with no row moved."""
     prompt = np.asarray(PROMPT, np.int64)
     past = len(prompt)
-    tree = Tree.from_paths(5, [[7, 8], [11, 12]], max_nodes=5)      # 0:5 1:7 2:11 3:8 4:12
-    path = tree.path(4)                                              # [0, 2, 4]
+    tree = Tree.from_paths(5, [[7, 8], [11, 12]], max_nodes=5, whole_first=True)
+    path = tree.path(2)
+    assert path == [0, 1, 2] and tree.tokens.tolist() == [5, 7, 8, 11, 12]
     tree_side.prefill(prompt)
     tree_side.forward_tree(tree.tokens, tree.ancestors(), tree.depth, past)
-    tree_side.compact_rows(past, path)
     chain_side.prefill(prompt)
     chain_side.forward(tree.tokens[path], past)
     rows = (0, *[slice(None)] * (rows_axis - 1), slice(0, past + 3))
     for layer in range(len(tree_side.keys)):
         for a, b in ((tree_side.keys, chain_side.keys), (tree_side.values, chain_side.values)):
-            np.testing.assert_allclose(a[layer][rows], b[layer][rows], atol=1e-5, rtol=0)
+            assert np.array_equal(a[layer][rows], b[layer][rows])
     nxt = np.asarray([40, 41, 42], np.int64)
-    got = tree_side.forward(nxt, past + 3).copy()
-    want = chain_side.forward(nxt, past + 3).copy()
-    np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)
-    assert np.array_equal(got.argmax(-1), want.argmax(-1))
+    assert np.array_equal(tree_side.forward(nxt, past + 3), chain_side.forward(nxt, past + 3))
 
 
 def assert_a_tree_past_the_width_is_refused(target) -> None:

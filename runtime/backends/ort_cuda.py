@@ -59,14 +59,9 @@ class OrtCudaSession(OrtCpuSession):
                                f"static, or use max_batch=1.")
         super().__init__(name, path, entry, max_context, max_new_len, threads, max_batch)
         # a target's tree input (any flavour) is bound as on the CPU (a chain's lower triangle on
-        # every call), but the loop verifies no tree here: moving the accepted path's rows in
-        # device arenas (compact_rows) is not written (docs/design.md §3)
+        # every call), but the loop verifies no tree here: a tree call on device arenas has not
+        # been run on a GPU (docs/design.md §9)
         self.takes_trees = self.verifies_trees = False
-
-    def compact_rows(self, past_len: int, nodes: list[int], slot: int = 0) -> None:
-        raise BackendError(f"{self.name}: draft trees are not verified on the {self.backend} "
-                           f"backend (its arenas' rows are not moved on the device). "
-                           f"---> HINT: run on the cpu backend, or draft chains.")
 
     def _open(self, path: Path, threads: int | None):
         import onnxruntime as ort

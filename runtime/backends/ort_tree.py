@@ -17,18 +17,17 @@ from ..errors import BackendError
 
 
 class OrtTreeMixin:
-    """forward_tree, compact_rows and the tree mask's buffer and binding."""
+    """forward_tree, forward_rows_tree and the tree mask's buffer and binding."""
 
     def _init_tree(self, width: int) -> None:
         # the graph's input (bound on every call), and whether a tree may be verified here (a
         # backend that cannot move its arenas' rows says no: ort_cuda.py)
         self._mask_input = contract.TREE_MASK in {i.name for i in self.session.get_inputs()}
         self.takes_trees = self._mask_input
-        # whether the loop verifies trees here: not on a row-exact flavour (static), whose
-        # promise is the bits of k = 0: a node off the tree's first path is its path's chain
-        # up to the sums' order only (its keys lie at other rows), and a path through it would
-        # leave rows, and later tokens, a chain would not have (design §2 "Trees", §12)
-        self.verifies_trees = self.takes_trees and self.entry.graph != contract.STATIC
+        # whether the loop verifies trees here: wherever the graph takes them, the row-exact
+        # (static) flavour too: the loop keeps only the logits and rows of a tree's first
+        # path, which are a chain's bit for bit (tree_round.judge; design §2 "Trees", §12)
+        self.verifies_trees = self.takes_trees
         side = max(width, PREFILL_CHUNK)
         # (B, T, T) bool, flat: B·T·T <= max(max_batch·max_new_len², PREFILL_CHUNK²)
         size = max(self.max_batch * self.max_new_len ** 2, side * side) \
@@ -55,7 +54,7 @@ class OrtTreeMixin:
         node i's token `tokens[i]` at cache row past_len + i and position past_len + depth[i],
         attending the committed rows [0, past_len) and the nodes j with ancestors[i, j]. Returns
         the logits (N, vocab), valid until the next call. Row past_len + i then holds node i's
-        keys and values; compact_rows keeps the accepted path's."""
+        keys and values; the loop keeps the first path's, which a chain's lie at (design §3)."""
         n = len(tokens)
         if not self.takes_trees:
             raise BackendError(f"{self.name}: this bundle's target graph takes no draft tree "
@@ -144,19 +143,3 @@ class OrtTreeMixin:
             if not self.in_place:                 # node i's rows at past_lens[b] + i
                 self._keep_new_rows(B, T, past_lens, real)
         return self._rows_logits(B, T)
-
-    def compact_rows(self, past_len: int, nodes: list[int], slot: int = 0) -> None:
-        """After a tree's verification: the accepted nodes' rows past_len + nodes[t] (nodes
-        increasing, each >= t) move to past_len + t in every layer, so the slot's valid rows
-        are contiguous again and whatever lies past them is free to overwrite (design §3)."""
-        moves = [(past_len + t, past_len + int(node)) for t, node in enumerate(nodes)
-                 if int(node) != t]
-        if not moves:
-            return
-        dst = np.fromiter((d for d, _ in moves), np.intp, len(moves))
-        src = np.fromiter((s for _, s in moves), np.intp, len(moves))
-        for arena in (*self.keys, *self.values):
-            if self.in_place:                                 # (slots, Hkv, max_context, D)
-                arena[slot][:, dst] = arena[slot][:, src]
-            else:                                             # (slots, max_context, Hkv, D)
-                arena[slot][dst] = arena[slot][src]

@@ -80,6 +80,10 @@ class Drafter:
         self.from_prediction = 0               # ... of which the request's prediction's
         self.from_earlier = 0                  # ... of which earlier requests' (suffix.py)
         self.forced_at: list[int] = []         # this round's drafts the grammar forced (places)
+        # a tree's accepted path past the first node off its first path, and the target's
+        # token after it: the next round's first drafts (tree_round.judge; design §4 "Trees")
+        self.carried: list[int] = []
+        self.from_carried = 0                  # this round's leading drafts carried so
         # set by the loop each round: the most drafts the row may verify (its room to emit
         # less the bonus token, the context, the bundle's max_draft): forced tokens' cap
         self.room = 0
@@ -152,12 +156,23 @@ class Drafter:
         schedule takes it (its draft probabilities None: point masses, acceptance.py),
         extended by the model where the schedule says that pays; else none, and the
         schedule's cap on model tokens."""
-        self.from_lookup = self.from_prediction = self.from_earlier = 0
+        self.from_lookup = self.from_prediction = self.from_earlier = self.from_carried = 0
         self.synced = True
         self.tree = None
         schedule = self.schedule
         model = self.fed and not self.waits        # the draft model drafts this round
         forced = self.rule.forced(self.room)
+        carried, self.carried = self.carried[:self.room], []
+        looked = None
+        if not forced and k > 0 and carried:
+            # the last tree's path past its first branch (tree_round.judge): the target chose
+            # these where its logits lacked a chain's bits; drafted again, free, and judged as
+            # forced tokens are (not the schedule's to learn: design §4 "Trees"), unless
+            # lookup offers them and more
+            looked = self.lookup.find(seq, k) if self.lookup is not None else ([], 0)
+            if looked[0][:len(carried)] != carried or len(looked[0]) <= len(carried):
+                forced = carried
+                self.from_carried = len(forced)
         self.forced_at = list(range(len(forced)))
         if forced:
             # free to draft and certain to pass under the mask: a verification row each, no
@@ -170,7 +185,7 @@ class Drafter:
             self.synced = more > 0
             return forced, [None] * len(forced), more
         if self.lookup is not None and k > 0:
-            found, matched = self.lookup.find(seq, k)
+            found, matched = looked or self.lookup.find(seq, k)
             taken = schedule.take_lookup(matched, len(found), k) if found else 0
             if taken:
                 self.from_lookup = taken
@@ -259,10 +274,6 @@ class Drafter:
 
     def bet(self, drafts: list[int]) -> None:
         """Called while the target verifies `drafts`; the sequential drafter waits."""
-
-    def compacted(self, target_len: int, nodes: list[int]) -> None:
-        """The target moved a tree's accepted rows target_len + nodes[t] to target_len + t
-        (a head's features follow them; a model draft keeps nothing by the target's row)."""
 
     def settle(self, target_len: int, accepted_all: bool, next_token: int) -> None:
         self.draft_len = min(self.draft_len, target_len)   # when all accepted, dk is pending

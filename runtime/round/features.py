@@ -51,12 +51,6 @@ class FeatureStore:
     def take(self, slot: int, position: int, n: int, out: np.ndarray) -> None:
         out[:] = self.rows[slot, (position + np.arange(n)) % CAPACITY]
 
-    def compact(self, slot: int, position: int, nodes: list[int]) -> None:
-        """After a tree's verification (tree_round.judge): the accepted nodes' features, which
-        the tree call wrote at position + node, move to position + t, as the target's rows."""
-        found = self.rows[slot, (position + np.asarray(nodes, np.int64)) % CAPACITY]
-        self.rows[slot, (position + np.arange(len(nodes))) % CAPACITY] = found
-
 
 def attach(target: ModelSession, head: ModelSession, slots: int) -> FeatureStore:
     """A store the target's calls fill, for a head that reads it; the sessions' widths must
@@ -106,9 +100,6 @@ class HeadDrafter(Drafter):
     def node_step(self, seq: list[int]):
         """A tree's nodes drafted by the head (head_step), not by chain calls."""
         return head_step(self, seq)
-
-    def compacted(self, target_len: int, nodes: list[int]) -> None:
-        self.store.compact(self.slot, target_len, nodes)
 
     def fill(self, b: int, T: int, n: int) -> None:
         """This row's inputs of the next call, at rows b·T .. b·T + n - 1 of the buffers."""

@@ -51,6 +51,7 @@ class Stats:
     tree_rounds: int = 0          # rounds that verified a draft tree (lookup's; design §4)
     tree_nodes: int = 0           # ... and its nodes after the root (drafted counts the depth)
     tree_gained: int = 0          # ... and the tokens they took past the chosen chain's
+    tree_carried: int = 0         # ... of which drafted again next round (tree_round.judge)
     split_bets: int = 0           # split mode: rounds whose next round was drafted ahead
     split_hits: int = 0           # ... and whose bet was right
     verdicts: Verdicts = field(default_factory=Verdicts)   # acceptance by depth and rank
@@ -196,8 +197,8 @@ class Loop:
                 # drafts as asked)
                 behind = len(row.seq) - 1 - row.drafter.draft_len
                 row.drafter.waits = behind > room or behind > FREE_CATCH_UP and not row.dry
-            # (beside a head, a row alone: its features follow its rows, Drafter.compacted;
-            # a batch's tree call does not hand them back by row: design §14)
+            # (beside a head, a row alone: a batch's tree call does not hand the head's
+            # features back by row: design §14)
             row.drafter.tree_nodes = min(self.tree_nodes, most - row.target_len if one
                                          else most + 1) \
                 if one or getattr(self.target, "on_aux", None) is None else 0
@@ -222,7 +223,10 @@ class Loop:
             else:
                 j, t = row.rule.verify(rows_logits, d, row.probs, row.target_len + 1)
                 seen = j                         # what the schedule learns from
-            forced = row.drafter.forced_at       # the grammar's (design §4): not the schedule's
+            # the grammar's, and a tree's path carried from the last round (design §4): not
+            # the schedule's
+            forced = row.drafter.forced_at
+            carried = row.drafter.from_carried
             passed = sum(i < j for i in forced)
             if cap != 0:                         # (nothing drafted: nothing to learn)
                 row.schedule.observe(len(d) - len(forced), seen - passed,
@@ -241,8 +245,9 @@ class Loop:
             row.dry = 0 if row.drafter.from_lookup else row.dry + 1
             st.rounds += 1
             st.target_calls += 1
-            st.forced += len(forced)
-            st.forced_accepted += passed
+            st.forced += len(forced) - carried
+            st.forced_accepted += passed - min(j, carried)
+            st.tree_carried += carried
             st.drafted += len(d) - len(forced)
             st.accepted += j - passed
             if tree is None:                     # (a tree's verdicts: tree_round.judge)

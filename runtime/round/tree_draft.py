@@ -116,9 +116,26 @@ def expand(root: int, step: Callable[[Tree, list[int]], np.ndarray], shape: Tree
     if not sampled and len(tokens) - 1 > budget:      # rerank: the budget's best, parents first
         best = sorted(range(1, len(tokens)), key=lambda i: (-values[i], depth[i], i))[:budget]
         keep = [0, *sorted(best)]
+    keep = first_path_first(keep, parents)
     index = {old: new for new, old in enumerate(keep)}
     tree = Tree([tokens[i] for i in keep], [-1, *(index[parents[i]] for i in keep[1:])])
     return DraftTree(tree, [probs[i] for i in keep[1:]], np.array([values[i] for i in keep]))
+
+
+def first_path_first(keep: list[int], parents: list[int]) -> list[int]:
+    """`keep` (parents first) reordered so that its first path, from the root down each node's
+    first kept child (its best candidate: the chain the draft would draft), takes nodes 1, 2,
+    ...: the rows a chain's tokens take, whose logits are the chain's bit for bit (design §2
+    "Trees"); the other nodes follow in their order, each after its parent, so every child
+    keeps its rank among its siblings."""
+    first: dict[int, int] = {}
+    for i in keep[1:]:
+        first.setdefault(parents[i], i)
+    path = [keep[0]]
+    while path[-1] in first:
+        path.append(first[path[-1]])
+    on = set(path)
+    return path + [i for i in keep if i not in on]
 
 
 def branch_step(draft, seq: list[int], draft_len: int, slot: int = 0,

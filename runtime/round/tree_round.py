@@ -40,14 +40,25 @@ def judge(row, tree: Tree, logits: np.ndarray, target):
     """A tree round's verdict (rule.verify_tree) as a chain's: (the drafts as judged, the path's
     tokens then the chosen chain's; j, t; the root's and the path's logits; the chosen chain's
     tokens the path took, nodes 1, 2, ... of lookup_tree, which the schedule learns as of the
-    chain alone), the path's rows compacted in the row's slot (design §3)."""
+    chain alone).
+
+    Only the tree's first path (nodes 1, 2, ... each the child of the one before) has a chain's
+    bits: a node off it sees its keys at other rows, its path's chain's logits up to the sums'
+    order only (design §2 "Trees"). So where the path leaves it the round ends at the first node
+    off it, taken as the round's last token (the target's own choice at a node that has the
+    chain's bits), and the rest of the path, with the target's token after it, is the next
+    round's first drafts (`Drafter.carried`), judged there by a chain's bits: the output stays
+    k = 0's bit for bit (design §4, "Trees"). The path kept is node t at row target_len + t,
+    as a chain's: the rows (and a head's features) need no move (design §3)."""
     path, t = row.rule.verify_tree(logits, tree, [None] * (len(tree) - 1), row.target_len + 1)
-    target.compact_rows(row.target_len, [0, *path], row.slot)
-    row.drafter.compacted(row.target_len, [0, *path])
     row.stats.observe_tree(tree, path)
     row.schedule.observe_tree(tree, path)
-    taken = [int(x) for x in tree.tokens[path]]
-    drafts = taken + row.drafts[len(taken):] if len(taken) < len(row.drafts) else taken
     chained = next((i for i, node in enumerate(path) if node != i + 1), len(path))
     row.stats.tree_gained += len(path) - chained
+    if chained < len(path):
+        row.drafter.carried = [int(x) for x in tree.tokens[path[chained + 1:]]] + [int(t)]
+        t = int(tree.tokens[path[chained]])
+        path = path[:chained]
+    taken = [int(x) for x in tree.tokens[path]]
+    drafts = taken + row.drafts[len(taken):] if len(taken) < len(row.drafts) else taken
     return drafts, len(path), t, logits[[0, *path]], chained

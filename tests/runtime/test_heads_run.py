@@ -199,16 +199,21 @@ def test_auto_drafts_the_head_trees_its_plan_prices(gen, sampling, monkeypatch):
     assert_auto_drafts_the_trees_it_prices(gen, PROMPTS, sampling, monkeypatch)
 
 
-def test_a_tree_verdict_moves_the_accepted_features_with_the_rows(gen):
+def test_a_tree_verdict_keeps_the_first_paths_features_and_carries_the_rest(gen):
     """tree_round.judge beside a head: the tree call wrote each node's features at
-    target_len + node; after the verdict the accepted path's are at target_len + t, equal to
-    what a chain over the same tokens writes (slot 2), so the head reads what was accepted."""
+    target_len + node. A path along the first branch (nodes 1, 2) has them at target_len + t,
+    equal to what a chain over the same tokens writes (slot 2), so the head reads what was
+    accepted; a path off it ends the round at its first node and carries the rest."""
     prompt = PROMPTS[1]
     a, b = gen.generate(prompt, max_new_tokens=2, k=0).token_ids[:2]
     row = head_row(gen, prompt, 3)
     x, y = (a + 1) % tiny.VOCAB, (b + 1) % tiny.VOCAB
-    tree = Tree([row.seq[-1], x, a, y, b], [-1, 0, 0, 2, 2])     # the target's path: 2, 4
     past = row.target_len
+    off = Tree([row.seq[-1], x, a, y, b], [-1, 0, 0, 2, 2])      # the target's path: 2, 4
+    logits = np.array(gen.target.forward_tree(off.tokens, off.ancestors(), off.depth, past))
+    drafts, j, t, _, _ = judge(row, off, logits, gen.target)
+    assert (drafts, j, t) == ([], 0, a) and row.drafter.carried[0] == b
+    tree = Tree([row.seq[-1], a, b, x, y], [-1, 0, 1, 0, 1])     # the target's path: 1, 2
     logits = np.array(gen.target.forward_tree(tree.tokens, tree.ancestors(), tree.depth, past))
     drafts, j, t, _, _ = judge(row, tree, logits, gen.target)
     assert (drafts, j) == ([a, b], 2)

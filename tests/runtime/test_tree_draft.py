@@ -55,6 +55,12 @@ def test_the_kept_nodes_are_the_budgets_best_paths(nodes, width, depth, beam):
         kids = [int(tree.tokens[c]) for c in tree.children(tree.parents[i])]
         top = np.argsort(-softmax(draft_logits(PROMPT + tuple(path[:-1]))), kind="stable")
         assert set(kids) <= set(top[:width].tolist())     # a node's own top-m
+        assert kids == sorted(kids, key=lambda t: -softmax(draft_logits(
+            PROMPT + tuple(path[:-1])))[t])               # siblings best first (ranks)
+    # the first path, down each node's best candidate, is nodes 1, 2, ... (a chain's rows)
+    first = [i for i in range(1, len(tree)) if all(
+        tree.rank(u) == 0 for u in [*tree.path(i)][1:])]
+    assert first == list(range(1, len(first) + 1)) and len(first) == tree.depth.max()
     # every path of the full expansion (width-m per level, beam nodes expanded) that the
     # budget left out is worth no more than the least kept node
     full = expand(3, table_step(PROMPT), TreeShape(10_000, width, depth, beam),

@@ -12,7 +12,7 @@ from ssd_graphs.trt_lint import errors, lint_file
 from ssd_runtime import Generator
 from ssd_runtime.manifest import read_manifest
 from trees import (assert_a_chain_through_the_tree_input_is_the_chain,
-                   assert_a_tree_past_the_width_is_refused, assert_compacted_rows_are_the_chains,
+                   assert_a_tree_past_the_width_is_refused, assert_the_first_paths_rows_are_a_chains,
                    assert_nodes_see_their_paths, prediction_trials)
 
 
@@ -70,9 +70,9 @@ def test_a_chain_through_the_tree_input_gives_the_chain_call_bit_for_bit(std_bun
     assert_a_chain_through_the_tree_input_is_the_chain(_target(std_bundle))
 
 
-def test_compacted_sequence_major_rows_keep_the_next_calls_exact(std_bundle):
+def test_a_trees_first_path_leaves_a_chains_sequence_major_rows(std_bundle):
     # (slots, max_context, Hkv, D): rows on axis 1
-    assert_compacted_rows_are_the_chains(_target(std_bundle), _target(std_bundle), 1)
+    assert_the_first_paths_rows_are_a_chains(_target(std_bundle), _target(std_bundle), 1)
 
 
 def test_a_tree_past_the_bundles_verification_width_is_one_clear_error(std_bundle):

@@ -1,6 +1,6 @@
 """Draft trees in the verification contract (docs/design.md §2 "Trees", §3): an ort target's
-tree call gives each node the logits of its path run as a chain, the accepted path's rows
-compacted keep the next calls exact, and bundles say whether they take trees."""
+tree call gives each node the logits of its path run as a chain, its first path a chain's bits
+and rows, the loop keeps k = 0's tokens, and bundles say whether they take trees."""
 from __future__ import annotations
 
 import json
@@ -16,7 +16,7 @@ from ssd_runtime.round.lookup import lookup_tree
 from ssd_runtime.round.tree import Tree
 from trees import (PROMPT, assert_a_chain_through_the_tree_input_is_the_chain,
                    assert_a_tree_past_the_width_is_refused, assert_auto_drafts_the_trees_it_prices,
-                   assert_compacted_rows_are_the_chains, assert_nodes_see_their_paths,
+                   assert_the_first_paths_rows_are_a_chains, assert_nodes_see_their_paths,
                    prediction_trials)
 
 
@@ -47,9 +47,9 @@ def test_a_chain_through_the_tree_input_gives_the_chain_call_bit_for_bit(tree_bu
     assert_a_chain_through_the_tree_input_is_the_chain(_target(tree_bundle))
 
 
-def test_compacted_rows_keep_the_next_calls_exact(tree_bundle):
+def test_a_trees_first_path_leaves_a_chains_rows(tree_bundle):
     # (slots, Hkv, max_context, D): rows on axis 2
-    assert_compacted_rows_are_the_chains(_target(tree_bundle), _target(tree_bundle), 2)
+    assert_the_first_paths_rows_are_a_chains(_target(tree_bundle), _target(tree_bundle), 2)
 
 
 def test_a_tree_past_the_bundles_verification_width_is_refused(tree_bundle):
@@ -196,29 +196,62 @@ def test_the_static_target_takes_trees_and_keeps_its_rows_exact(static_bundle):
         assert np.array_equal(got[path].argmax(-1), chain.argmax(-1))
 
 
-def test_a_row_exact_target_verifies_chains_alone_and_in_a_batch(static_bundle):
-    """The static flavour keeps k = 0's bits (design §12), which a node off a tree's first
-    path does not (above: its path's up to the sums' order): the loop verifies no tree on it
-    (lookup's or a draft's, alone or in a batch) though the graph takes one, and every
-    request is k = 0's."""
+def test_a_row_exact_target_verifies_trees_and_keeps_k0s_bits_alone_and_in_a_batch(
+        static_bundle):
+    """The static flavour keeps k = 0's bits (design §12): the loop keeps only the logits and
+    rows of a tree's first path, which are a chain's bit for bit (above), and drafts the rest
+    of a path that leaves it again in the next round (tree_round.judge): lookup's trees, alone
+    and in a batch, give every request k = 0's tokens."""
     gen = Generator.load(static_bundle, backend="cpu", threads=1, max_batch=3)
-    assert gen.target.takes_trees and not gen.target.verifies_trees
-    assert not gen.knowledge.draft_trees
+    assert gen.target.takes_trees and gen.target.verifies_trees and gen.knowledge.draft_trees
     trials = list(prediction_trials(gen, 3))
+    rounds = 0
     for prompt, alone in trials:
         res = gen.generate(prompt, max_new_tokens=24, k=4, draft_source="lookup",
                            ignore_eos=True, prediction=alone)
-        assert res.token_ids == alone and res.stats.tree_rounds == 0
+        assert res.token_ids == alone
+        rounds += res.stats.tree_rounds
+    assert rounds > 0
     results = gen.generate_batch([{"prompt": p, "prediction": alone} for p, alone in trials],
                                  max_new_tokens=24, k=4, draft_source="lookup", ignore_eos=True)
     assert [r.token_ids for r in results] == [alone for _, alone in trials]
-    assert sum(r.stats.tree_rounds for r in results) == 0
+    assert sum(r.stats.tree_rounds for r in results) > 0
+
+
+def prompt_ids(n: int) -> list[int]:
+    rng = np.random.default_rng(n)
+    return [0, *rng.integers(3, 384, size=n - 1).tolist()]
+
+
+@pytest.mark.parametrize("target,graph", [("gemma", "auto"), ("phi3", "auto"),
+                                          ("llama", "static")])
+def test_model_trees_that_leave_their_first_path_keep_k0s_tokens(bundle_factory, target,
+                                                                 graph, monkeypatch):
+    """A node off a tree's first path has its path's logits up to the sums' order only (design
+    §2 "Trees"): where the target's path leaves the first branch the round ends at its first
+    node there and the rest is drafted again next round (tree_round.judge). These pairs' trees
+    parted from k = 0 at a near-tie (token 7 of Gemma's first prompt, 2 of Phi-3's) while the
+    whole path was taken in one round; every output is now k = 0's, with paths carried."""
+    from ssd_runtime.round.drafting import Drafter
+    from ssd_runtime.round.tree_draft import TreeShape
+
+    gen = Generator.load(bundle_factory(target, f"{target}_cut", graph=graph))
+    carried = 0
+    for n in range(1, 9):
+        want = gen.generate(prompt_ids(n), max_new_tokens=48, k=0).token_ids
+        for shape, k in ((TreeShape(6, 5, 1, 1), 1), (TreeShape(10, 3, 3, 3), 3)):
+            monkeypatch.setattr(Drafter, "tree_shape", shape)
+            res = gen.generate(prompt_ids(n), max_new_tokens=48, k=k, draft_source="model")
+            assert res.token_ids == want, (n, shape)
+            assert res.stats.tree_rounds > 0
+            carried += res.stats.tree_carried
+    assert carried > 0
 
 
 def test_the_device_path_binds_a_chains_mask_and_verifies_no_tree(static_bundle):
     """The cuda backend's code path on host memory (OrtCudaSession, device="cpu"): a static
     target's tree input takes the chain's mask on every call (lookup drafts give k=0's tokens),
-    and no tree is verified there: compact_rows is not written for device arenas."""
+    and no tree is verified there: a tree call on device arenas has not been run on a GPU."""
     from ssd_runtime.backends.ort_cuda import OrtCudaSession
 
     gen = Generator.load(static_bundle, backend="cpu", threads=1, fused_heads=False)
@@ -232,8 +265,6 @@ def test_the_device_path_binds_a_chains_mask_and_verifies_no_tree(static_bundle)
     res = gen.generate(prompt, max_new_tokens=24, k=4, draft_source="lookup", ignore_eos=True,
                        prediction=alone)
     assert res.token_ids == alone and res.stats.tree_rounds == 0
-    with pytest.raises(BackendError, match="not verified on the cpu backend.*draft chains"):
-        gen.target.compact_rows(len(prompt), [0, 2])
 
 
 def test_lookup_offers_every_continuation_of_its_n_gram_merged_into_one_tree():
