@@ -4,7 +4,12 @@ v(k) is), the draft's cost per level, and the acceptance learnt per depth and pe
 candidate among its siblings. A chain is the width-1 tree; one node (the root alone) is k = 0.
 
     E(tree) = Σ_nodes P(node accepted),   P(node) = P(parent) · Π_{s<r} (1 - a[d][s]) · a[d][r]
-    speed-up = (1 + E) / (c₁ + (D - 1)·c + v(N))  ·  v(1)
+    speed-up = (1 + E + C) / (c₁ + (D - 1)·c + v(N) + C · v(2))  ·  v(1)
+
+C: P(the target's path leaves the first path), the sum of P over the nodes of rank > 0 whose
+ancestors are all rank 0. The round keeps the first path only and drafts the rest of such a
+path again next round (design §4, "Trees"): those tokens, and the target's token after them,
+come in a round of their own, with no draft step (priced as v(2)).
 
 a[d][r]: P(the rank-r candidate at depth d is accepted | its parent was, ranks < r were not).
 The best tree of N nodes holds the N - 1 nodes of highest P (a child's P is below its
@@ -138,15 +143,20 @@ def plan_tree(acc: TreeAcceptance, verify: Callable[[int], float], c_first: floa
     for width in range(1, max_width + 1):
         for depth_cap in range(1, max_depth + 1):
             nodes = best_nodes(acc, max_nodes - 1, depth_cap, width)
-            expected, deepest, ranks = 0.0, 0, 0
+            expected, deepest, ranks, carry = 0.0, 0, 0, 0.0
             expanded: set[int] = set()
+            first: list[bool] = []                      # on the first path
             for n, (p, d, r, parent) in enumerate(nodes, start=2):
                 expected += p
                 deepest, ranks = max(deepest, d), max(ranks, r + 1)
                 expanded.add(parent)
+                under_first = parent < 0 or first[parent]
+                first.append(r == 0 and under_first)
+                if r and under_first:
+                    carry += p                          # the path leaves the first one here
                 calls = deepest if draft_calls == "levels" else len(expanded)
-                cost = c_first + (calls - 1) * c + verify(n)
-                speedup = (1 + expected) / cost * v1
+                cost = c_first + (calls - 1) * c + verify(n) + carry * verify(2)
+                speedup = (1 + expected + carry) / cost * v1
                 if speedup > best.speedup + 1e-12:
                     best = TreePlan(n, ranks, deepest, _beam(nodes[:n - 1]), expected, speedup)
     return best

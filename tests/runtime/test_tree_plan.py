@@ -159,11 +159,40 @@ def test_a_draft_without_a_tree_graph_pays_a_call_per_expanded_node():
     levels = plan_tree(acc, v, 0.3, 0.3, 16)
     nodes = plan_tree(acc, v, 0.3, 0.3, 16, draft_calls="nodes")
     assert nodes.speedup < levels.speedup
-    # its plan's cost is what it says: c1 + (expanded - 1) c + v(N)
+    # its plan's cost is what it says: c1 + (expanded - 1) c + v(N), and a round of its own
+    # for the paths that leave the first one (carried: C v(2))
     chosen = best_nodes(acc, nodes.nodes - 1, nodes.depth, nodes.width)
     expanded = len({parent for *_, parent in chosen})
-    cost = 0.3 + (expanded - 1) * 0.3 + v(nodes.nodes)
-    assert nodes.speedup == pytest.approx((1 + nodes.expected) / cost)
+    carry = carried(chosen)
+    assert 0 < carry < 1
+    cost = 0.3 + (expanded - 1) * 0.3 + v(nodes.nodes) + carry * v(2)
+    assert nodes.speedup == pytest.approx((1 + nodes.expected + carry) / cost)
+
+
+def carried(nodes) -> float:
+    """P(the target's path leaves the first path): the nodes of rank > 0 under it."""
+    first: list[bool] = []
+    out = 0.0
+    for p, _, r, parent in nodes:
+        under = parent < 0 or first[parent]
+        first.append(r == 0 and under)
+        out += p if r and under else 0.0
+    return out
+
+
+def test_a_path_off_the_first_one_pays_a_round_of_its_own():
+    """Where the value lies off the first path (a weak first guess, a strong second), the
+    round keeps the first path and the rest comes in a round of its own (design §4, "Trees"):
+    the plan prices that round, so such a tree is worth less than if it came at once, and
+    more than a chain."""
+    acc = learnt([[0.2, 0.7]])
+    v = v_of(FLAT)
+    plan = plan_tree(acc, v, 0.05, 0.05, 12)
+    assert not plan.is_chain
+    chain = plan_tree(acc, v, 0.05, 0.05, 12, max_width=1)
+    assert chain.speedup < plan.speedup
+    at_once = (1 + plan.expected) / (0.05 + (plan.depth - 1) * 0.05 + v(plan.nodes))
+    assert plan.speedup < at_once
 
 
 def test_plan_for_reads_a_generators_calibration():
