@@ -298,7 +298,8 @@ class SplitDrafter(Drafter):
             return super().start(seq, k)
         tokens, probs, seen = self.ready        # drafted during the last verification
         self.ready = None
-        self.from_lookup = self.from_prediction = self.from_earlier = 0
+        self.carried = []                       # (the bet follows what was emitted)
+        self.from_lookup = self.from_prediction = self.from_earlier = self.from_carried = 0
         self.forced_at = []                     # (a grammar refuses split mode)
         self.synced = True
         # the schedule judges a hit's tokens as it judges drafted ones, in order: it learns
