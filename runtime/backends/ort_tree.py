@@ -21,7 +21,7 @@ class OrtTreeMixin:
 
     def _init_tree(self, width: int) -> None:
         # the graph's input (bound on every call), and whether a tree may be verified here (a
-        # backend that cannot move its arenas' rows says no: ort_cuda.py)
+        # backend whose tree call is not checked says no: ort_cuda.py)
         self._mask_input = contract.TREE_MASK in {i.name for i in self.session.get_inputs()}
         self.takes_trees = self._mask_input
         # whether the loop verifies trees here: wherever the graph takes them, the row-exact

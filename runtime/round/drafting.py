@@ -185,7 +185,7 @@ class Drafter:
             self.synced = more > 0
             return forced, [None] * len(forced), more
         if self.lookup is not None and k > 0:
-            found, matched = looked or self.lookup.find(seq, k)
+            found, matched = looked if looked is not None else self.lookup.find(seq, k)
             taken = schedule.take_lookup(matched, len(found), k) if found else 0
             if taken:
                 self.from_lookup = taken

@@ -182,9 +182,9 @@ def test_a_head_tree_reads_each_node_after_its_own_path(gen, head_logits, refere
 @pytest.mark.parametrize("sampling", [{}, {"temperature": 0.9, "seed": 3}])
 def test_head_trees_in_the_loop_are_the_target_alone(gen, sampling, monkeypatch):
     """A head drafting trees (HeadDrafter.tree_shape) in the loop: the target verifies each
-    in one call and the accepted path's rows and features are compacted (the next round's
-    head reads the features of what was accepted), so the output is k = 0's, greedy and
-    sampled, and rounds did verify trees."""
+    in one call and the kept first path's rows and features are already in place (the next
+    round's head reads the features of what was accepted), so the output is k = 0's, greedy
+    and sampled, and rounds did verify trees."""
     monkeypatch.setattr(features.HeadDrafter, "tree_shape", TreeShape(8, 3, 3, 2))
     for prompt in PROMPTS:
         alone = gen.generate(prompt, max_new_tokens=20, k=0, **sampling).token_ids
