@@ -49,10 +49,24 @@ class Written:
     stopped: str = ""         # why fewer answers than planned were written, if so
 
 
+def answer_export(target: str, output: Path, quant: str, max_context: int, max_batch: int,
+                  cuda: bool):
+    """The export of the bundle that writes the answers. The target is its own draft: k = 0
+    never drafts, but a bundle has one. On the CPU that draft's weights are int4, so the
+    session that never runs holds an eighth of a float copy (Gemma 3 270M: about 2 GiB less
+    beside the answering target, docs/distill.md §5); on a GPU it stays float, since int4
+    weights are a CPU kernel here and would keep the bundle off the GPU."""
+    from ssd_export.config import ExportConfig
+
+    return ExportConfig(target=target, draft=target, output=output, max_context=max_context,
+                        max_batch=max_batch, quiet=True, quant=quant,
+                        draft_quant="none" if cuda else "int4")
+
+
 def answer_bundle(cache: AnswerCache, target: str, given: Path | None, quant: str,
-                  max_context: int, max_batch: int, log) -> Path:
+                  max_context: int, max_batch: int, cuda: bool, log) -> Path:
     """The bundle that writes the answers: `given`, or the cache's own, exported once from
-    the target (the target is its own draft: k = 0 never drafts, the export needs one)."""
+    the target (`answer_export`)."""
     if given is not None:
         if not (Path(given) / "manifest.json").exists():
             raise ConfigError(f"--answers-bundle {given} is not a bundle (no manifest.json). "
@@ -66,7 +80,6 @@ def answer_bundle(cache: AnswerCache, target: str, given: Path | None, quant: st
         if quant_was == quant:
             return bundle
         shutil.rmtree(bundle)
-    from ssd_export.config import ExportConfig
     from ssd_export.pipeline import export_bundle
 
     tmp = bundle.with_name("bundle.partial")
@@ -74,8 +87,7 @@ def answer_bundle(cache: AnswerCache, target: str, given: Path | None, quant: st
     start = time.monotonic()
     log.line(f"exporting the target ({quant if quant != 'none' else 'float'} weights) into "
              f"{bundle}, once for this cache")
-    export_bundle(ExportConfig(target=target, draft=target, output=tmp, max_context=max_context,
-                               max_batch=max_batch, quiet=True, quant=quant))
+    export_bundle(answer_export(target, tmp, quant, max_context, max_batch, cuda))
     tmp.rename(bundle)
     log.line(f"exported in {time.monotonic() - start:.0f} s")
     return bundle

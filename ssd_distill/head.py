@@ -110,7 +110,8 @@ def _distill_head(config: DistillConfig, preset: Preset, models: list, tokenizer
     context = min(ANSWER_CONTEXT, int(getattr(target.config, "max_position_embeddings", None)
                                       or ANSWER_CONTEXT))
     bundle = ans.answer_bundle(cache, config.target, config.answers_bundle,
-                               config.answers_quant, context, ANSWER_SLOTS, log)
+                               config.answers_quant, context, ANSWER_SLOTS,
+                               device.type == "cuda", log)
     gen = ans.open_generator(bundle, ANSWER_SLOTS, config.threads)
     if gen.manifest.target.vocab_size != vocab:
         raise ConfigError(f"--answers-bundle {bundle} has a vocabulary of "

@@ -102,13 +102,16 @@ def check_memory(target, preset: Preset, name: str, kind: str = "draft") -> int:
 def estimate_head(target, preset: Preset) -> int:
     """Bytes a head's run needs at its peak, roughly: the float target (PyTorch's, for the
     features) and the cached answers' ids and labels (about 130 bytes a position, a million
-    positions) throughout; then the larger of the answering (the bundle's target and its KV
-    cache, and a prefill's activations) and the training (the head's state and the
-    activations of `ttt_steps` unrolled steps over a batch of long rows: the logits over the
-    draft vocabulary dominate). The features stay on disk (corpus.py)."""
+    positions) throughout; then the larger of the answering and the training (the head's
+    state and the activations of `ttt_steps` unrolled steps over a batch of long rows: the
+    logits over the draft vocabulary dominate). Answering holds the bundle's float target
+    three times (its weights mapped from disk, and prepacked by the one-token graph and by
+    the rows graph), its int4 draft (answers.answer_export) at about a byte a weight with
+    its packing, both models' KV caches and a prefill's activations. The features stay on
+    disk (corpus.py)."""
     cfg = target.config
     params, hidden, vocab, layers, kv_dim = _dims(target)
-    answering = params * 4 + ANSWER_SLOTS * ANSWER_CONTEXT * layers * 2 * kv_dim * 4 \
+    answering = params * (4 * 3 + 1) + 2 * ANSWER_SLOTS * ANSWER_CONTEXT * layers * 2 * kv_dim * 4 \
         + PREFILL_TOKENS * (hidden * 16 + 3 * hidden * 2) * 4
     head_vocab = min(preset.head_tokens or 8192, vocab)
     inter = int(getattr(cfg, "intermediate_size", None) or 4 * hidden)

@@ -7,10 +7,14 @@ positions and of epochs, from the rates measured at the start of the run on this
                +  held_without_features · tokens_per_position/feature
 
 `new` positions are solved for; held answers (the cache's) cost only their training and any
-missing features. Fresh answers are worth more than passes over the same ones (published
-heads train on hundreds of thousands of conversations), so the plan spends the time on data
-and trains EPOCHS passes over it; when even the held data cannot be trained that often, it
-trains fewer passes and writes nothing new.
+missing features. The epochs are chosen first: as many passes as make training a position
+take as long as writing it (its answer and its features), between EPOCHS and MOST_EPOCHS.
+A target slow to answer (Gemma 3 270M, whose 262,144-row output layer is most of a step)
+gets more passes over fewer answers: measured, a second pass over the same answers bought
+more agreement than the answers its time would have written (docs/distill.md §9, "Epochs
+against answers"). When even the held data cannot be trained EPOCHS times, the plan trains
+fewer passes and writes nothing new; when --data-budget caps the data, the time left goes
+to passes, up to MOST_EPOCHS.
 """
 from __future__ import annotations
 
@@ -20,7 +24,8 @@ from dataclasses import asdict, dataclass
 
 from ssd_runtime.errors import ConfigError
 
-EPOCHS = 2.0             # passes over the data a plan trains
+EPOCHS = 2.0             # the fewest passes over the data a plan trains ...
+MOST_EPOCHS = 4.0        # ... and the most (measured no further: docs/distill.md §9)
 RESERVE = 0.05           # of the budget kept for the held-out agreement, the card, the slack
 MIN_EPOCHS = 0.25
 
@@ -96,18 +101,22 @@ def make_plan(budget_s: float, elapsed_s: float, rates: Rates, held_positions: i
     left = budget_s * (1 - RESERVE) - elapsed_s - after_s
     feature_cost = rates.tokens_per_position / rates.feature
     fixed = held_unfeatured_tokens / rates.feature
-    passes = EPOCHS if epochs is None else epochs
-    per_new = (1 + rates.questions_per_position) / rates.answer + feature_cost \
-        + passes / rates.train
-    new = max(0.0, (left - fixed - held_positions * passes / rates.train) / per_new)
-    # (answers include the model's own questions where it writes them)
+    # a new position's writing: its answer (and the model's own questions, where it writes
+    # them) and its features
+    write = (1 + rates.questions_per_position) / rates.answer + feature_cost
+    passes = min(MOST_EPOCHS, max(EPOCHS, write * rates.train)) if epochs is None else epochs
+    new = max(0.0, (left - fixed - held_positions * passes / rates.train)
+              / (write + passes / rates.train))
     note = ""
     if most_positions is not None and held_positions + new > most_positions:
         new = max(0.0, most_positions - held_positions)
         note = f"--data-budget: at most {most_positions:,} positions"
+        if epochs is None and held_positions + new:      # the time left goes to passes
+            room = (left - fixed - new * write) * rates.train / (held_positions + new)
+            passes = min(MOST_EPOCHS, max(passes, room))
     if new == 0 and epochs is None and held_positions:
         room = (left - fixed) * rates.train / held_positions
-        passes = max(MIN_EPOCHS, min(EPOCHS, room))
+        passes = max(MIN_EPOCHS, min(passes, room))
         note = note or "the budget trains the held answers and writes none"
     total = held_positions + new
     if left <= 0 or total == 0:
@@ -116,7 +125,8 @@ def make_plan(budget_s: float, elapsed_s: float, rates: Rates, held_positions: i
                           f"--budget.")
     answers = math.ceil(total / rates.positions_per_answer)
     return Plan(answers=answers, new_positions=int(new), positions=int(total), epochs=passes,
-                answer_s=new * (1 + rates.questions_per_position) / rates.answer, feature_s=new * feature_cost + fixed,
+                answer_s=new * (1 + rates.questions_per_position) / rates.answer,
+                feature_s=new * feature_cost + fixed,
                 train_s=total * passes / rates.train, budget_s=budget_s, note=note,
                 precision=rates.precision)
 

@@ -14,16 +14,15 @@ import export_cache  # noqa: E402
 def answers_bundle(tmp_path_factory):
     """export(target folder, quant) -> the bundle ssd-distill --kind head exports to write its
     answers (answers.answer_bundle's ExportConfig), from the tests' export cache."""
-    from ssd_export import ExportConfig
+    from ssd_distill.answers import answer_export
 
     made: dict[tuple[str, str], Path] = {}
 
     def export(target: Path, quant: str = "none") -> Path:
         if (str(target), quant) not in made:
             out = tmp_path_factory.mktemp("answers-bundle") / "b"
-            export_cache.bundle(ExportConfig(target=str(target), draft=str(target), output=out,
-                                             max_context=256, max_batch=16, quiet=True,
-                                             quant=quant), out)
+            export_cache.bundle(answer_export(str(target), out, quant, 256, 16, cuda=False),
+                                out)
             made[str(target), quant] = out
         return made[str(target), quant]
 
