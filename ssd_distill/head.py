@@ -203,7 +203,7 @@ def _distill_head(config: DistillConfig, preset: Preset, models: list, tokenizer
     run = replace(preset, epochs=epochs, train_budget_s=max(60.0, left * 0.97),
                   steps=preset.steps or corpus.steps(epochs, preset.batch))
     log.stage(f"train {run.ttt_steps} unrolled steps on {device} ({plan.precision}): "
-              f"{corpus.positions:,} positions, {epochs:g} epoch(s)")
+              f"{corpus.positions:,} positions, {epochs:.3g} epoch(s)")
     params = [p for p in head.parameters() if p.requires_grad]
     draft_of = torch.full((vocab,), -1, dtype=torch.long)                 # target id -> draft id
     draft_of[torch.tensor(ids)] = torch.arange(len(ids))
@@ -303,7 +303,7 @@ def _plan(config: DistillConfig, preset: Preset, budget_s: float | None, cache: 
     saved = work / "plan.json"
     if config.resume and saved.exists():
         plan = Plan(**json.loads(saved.read_text()))
-        log.line(f"the interrupted run's plan: {plan.answers:,} answers, {plan.epochs:g} "
+        log.line(f"the interrupted run's plan: {plan.answers:,} answers, {plan.epochs:.3g} "
                  f"epoch(s)")
         return plan
     _, per_source = cache.known()
@@ -312,7 +312,7 @@ def _plan(config: DistillConfig, preset: Preset, budget_s: float | None, cache: 
         plan = Plan(answers=preset.prompts, new_positions=0, positions=held_positions,
                     epochs=preset.epochs, answer_s=0.0, feature_s=0.0, train_s=0.0, budget_s=0.0,
                     note="fixed counts (no --budget)", precision=rates.precision)
-        log.line(f"{plan.answers:,} answers, {plan.epochs:g} epoch(s) (fixed: no --budget)")
+        log.line(f"{plan.answers:,} answers, {plan.epochs:.3g} epoch(s) (fixed: no --budget)")
     else:
         if not rates.answer or not rates.feature:
             raise ConfigError("--budget: this run wrote too little to measure this machine's "

@@ -141,7 +141,7 @@ def describe(plan: Plan, rates: Rates, elapsed_s: float) -> list[str]:
         f"{rates.positions_per_answer:.0f} positions an answer, "
         f"{rates.tokens_per_position:.2f} tokens a position with its prompt",
         f"plan for {_clock(plan.budget_s)}: {plan.answers:,} answers, {plan.positions:,} "
-        f"positions ({plan.new_positions:,} new), {plan.epochs:g} epoch(s)"
+        f"positions ({plan.new_positions:,} new), {plan.epochs:.3g} epoch(s)"
         + (f" ({plan.note})" if plan.note else ""),
         f"expected: answers {_clock(plan.answer_s)}, features {_clock(plan.feature_s)}, "
         f"training {_clock(plan.train_s)}; done at about {_clock(end)} of {_clock(plan.budget_s)}",
