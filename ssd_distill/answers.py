@@ -63,6 +63,13 @@ def answer_export(target: str, output: Path, quant: str, max_context: int, max_b
                         draft_quant="none" if cuda else "int4")
 
 
+def must_export(cache: AnswerCache, given: Path | None, quant: str) -> bool:
+    """Whether `answer_bundle` exports: no bundle given, and none of these weights cached."""
+    manifest = cache.bundle / "manifest.json"
+    return given is None and (not manifest.exists() or json.loads(manifest.read_text())[
+        "models"]["target"].get("quant", "none") != quant)
+
+
 def answer_bundle(cache: AnswerCache, target: str, given: Path | None, quant: str,
                   max_context: int, max_batch: int, cuda: bool, log) -> Path:
     """The bundle that writes the answers: `given`, or the cache's own, exported once from
@@ -74,12 +81,9 @@ def answer_bundle(cache: AnswerCache, target: str, given: Path | None, quant: st
                               f"--answers-bundle to export one into the cache.")
         return Path(given)
     bundle = cache.bundle
-    if (bundle / "manifest.json").exists():
-        quant_was = json.loads((bundle / "manifest.json").read_text())["models"]["target"].get(
-            "quant", "none")
-        if quant_was == quant:
-            return bundle
-        shutil.rmtree(bundle)
+    if not must_export(cache, given, quant):
+        return bundle
+    shutil.rmtree(bundle, ignore_errors=True)
     from ssd_export.pipeline import export_bundle
 
     tmp = bundle.with_name("bundle.partial")

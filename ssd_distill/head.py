@@ -109,9 +109,15 @@ def _distill_head(config: DistillConfig, preset: Preset, models: list, tokenizer
     log.stage("the bundle that writes the answers (this project's runtime)")
     context = min(ANSWER_CONTEXT, int(getattr(target.config, "max_position_embeddings", None)
                                       or ANSWER_CONTEXT))
+    exporting = ans.must_export(cache, config.answers_bundle, config.answers_quant)
+    if exporting:            # the export loads the target itself: not held twice meanwhile
+        del target
+        gc.collect()
     bundle = ans.answer_bundle(cache, config.target, config.answers_bundle,
                                config.answers_quant, context, ANSWER_SLOTS,
                                device.type == "cuda", log)
+    if exporting:
+        target, _ = load_target(config.target)
     gen = ans.open_generator(bundle, ANSWER_SLOTS, config.threads)
     if gen.manifest.target.vocab_size != vocab:
         raise ConfigError(f"--answers-bundle {bundle} has a vocabulary of "
@@ -157,8 +163,13 @@ def _distill_head(config: DistillConfig, preset: Preset, models: list, tokenizer
                                   first, {HELDOUT}, True, bpt, log.bar("answers"))
         f_tokens, f_seconds = make_features(target, cache, layer_ids, not runtime_labels,
                                             log.bar("features"))
+    # training's steps are timed with the answering bundle closed: beside its sessions they
+    # would set the run's peak (Gemma 3 270M: 8.3 GiB, docs/distill.md §5)
+    del gen
+    gc.collect()
     rates = measure(cache, wrote, f_tokens, f_seconds, held, target, layer_ids, preset, device,
                     SELF_SHARE if chat and user is None else 0.0, budget_s is not None)
+    gen = ans.open_generator(bundle, ANSWER_SLOTS, config.threads)
     plan = _plan(config, preset, budget_s, cache, rates, data_budget[1], work, log)
     if chat and user is None:
         log.stage("the model's own questions (Magpie)")

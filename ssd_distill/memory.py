@@ -63,6 +63,12 @@ class HeapKeeper:
                 self.ceiling = after + self.slack
 
 
+def trim() -> None:
+    """Hand the free pages of glibc's heap back to the system now (nothing without glibc)."""
+    if _TRIM is not None:
+        _TRIM(0)
+
+
 def _rss() -> int | None:
     """This process's resident bytes (Linux), else None."""
     try:

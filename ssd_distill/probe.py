@@ -16,6 +16,7 @@ from .cache import AnswerCache
 from .config import Preset
 from .corpus import Corpus
 from .head_init import head_config
+from .memory import trim
 from .plan import Rates
 from .ttt import loss, to_device
 
@@ -74,6 +75,8 @@ def measure(cache: AnswerCache, wrote: Written, f_tokens: int, f_seconds: float,
     head = Eagle3Head(head_config(target.config, min(8192, vocab), layer_ids),
                       embed_weight=target.get_input_embeddings().weight).to(device)
     per_precision = train_rates(head, held, vocab, preset.batch, preset.ttt_steps, device)
+    del head
+    trim()                   # its steps' freed memory, which answering would otherwise keep
     # a fixed-count run trains float32 on a CPU: the same weights whatever the timing said
     precision = choose(per_precision, device) if planned or device.type == "cuda" \
         else "float32"

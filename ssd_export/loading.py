@@ -1,7 +1,7 @@
 """Load a Hugging Face causal LM and its tokenizer, with errors a user can act on."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,19 @@ def load_model(source: str, role: str, dtype: str) -> LoadedModel:
     if role == "draft":
         restrict_output(model, source)
     return LoadedModel(role, source, model.eval(), tokenizer, type(model).__name__)
+
+
+def load_draft(source: str, target: LoadedModel, dtype: str) -> LoadedModel:
+    """The draft model. The target's own folder as the draft (its int8 copy, which
+    --draft-quant makes from the traced graph; ssd-distill's answering bundle) shares the
+    target's loaded model: the same weights are not loaded and held twice (a 270M-parameter
+    target's float copy is 1.1 GB). Not where the folder carries an `output_vocab.json`,
+    which gives a draft's head other rows than the target's."""
+    same = Path(source).resolve() == Path(target.source).resolve() if Path(source).exists() \
+        else source == target.source
+    if same and not (Path(source) / OUTPUT_VOCAB).exists():
+        return replace(target, role="draft")
+    return load_model(source, "draft", dtype)
 
 
 OUTPUT_VOCAB = "output_vocab.json"      # written by ssd-distill (ssd_distill/student.py)

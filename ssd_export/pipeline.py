@@ -27,7 +27,7 @@ from .mtp import MTP_DRAFT, read_mtp
 from .config import DEFAULT_MAX_CONTEXT, ExportConfig
 from .engines import export_engines, require_tensorrt
 from .gguf import check_gguf, hf_folders, is_gguf
-from .loading import LoadedModel, check_architecture, load_model
+from .loading import LoadedModel, check_architecture, load_draft, load_model
 from .pair import (added_ids, chat_template, check_vocabularies, eos_ids,
                    generation_defaults, special_tokens, text_settings)
 from .parity import check_batch, check_parity, ort_errors
@@ -110,7 +110,7 @@ def _export(config: ExportConfig, log: _Progress, named: dict[str, str]) -> Mani
 
     with log.stage("load models and tokenizers"):
         target = load_model(config.target, "target", config.dtype)
-        draft = None if head_draft else load_model(config.draft, "draft", config.dtype)
+        draft = None if head_draft else load_draft(config.draft, target, config.dtype)
         for loaded in (target, draft):
             if loaded is not None:
                 loaded.source = named.get(loaded.source, loaded.source)

@@ -296,6 +296,23 @@ def test_prompt_files_and_their_refusals(chat_target, tmp_path):
                        r"--budget: for --kind head only")
 
 
+def test_the_cache_exports_its_answering_bundle_once_with_an_int4_draft(chat_target, tmp_path):
+    """Without --answers-bundle a run exports the target into its cache, the target its own
+    draft in int4 (never run at k = 0: answers.answer_export), the float target let go while
+    the export loads its own; the next run reuses that bundle."""
+    out, cache = tmp_path / "h", tmp_path / "cache"
+    proc = head_cli(chat_target, out, "--steps", 2, "--cache", cache)
+    assert proc.returncode == 0, proc.stderr
+    manifest = cache / "bundle" / "manifest.json"
+    models = json.loads(manifest.read_text())["models"]
+    assert (models["target"]["quant"], models["draft"]["quant"]) == ("none", "int4")
+    assert json.loads((out / "distill.json").read_text())["data"]["positions"] > 0
+    written = manifest.stat().st_mtime_ns
+    proc = head_cli(chat_target, tmp_path / "again", "--steps", 2, "--cache", cache)
+    assert proc.returncode == 0, proc.stderr
+    assert manifest.stat().st_mtime_ns == written
+
+
 def test_another_targets_cache_is_refused_by_name(trained, tmp_path):
     other = _chat_model(tmp_path / "o", "other8", seed=9)
     cache = trained.with_name("head.answers")

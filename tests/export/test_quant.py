@@ -169,3 +169,40 @@ def test_a_draft_onnxruntime_cannot_quantize_is_an_error_when_asked_and_float_un
     assert "kept float (ONNX Runtime refused it: no kernel for this graph)" in \
         capsys.readouterr().err
     assert read_manifest(out).draft.quant == "none"
+
+
+def test_the_target_as_its_own_draft_is_loaded_once_and_drafts_as_the_target(models, tmp_path,
+                                                                            monkeypatch):
+    """--draft the target's own folder (its int8 copy; ssd-distill's answering bundle): the
+    loaded model is shared, not loaded twice, and the draft's graph computes the target's
+    logits; a folder with an output_vocab.json is a draft of its own, loaded as one."""
+    import shutil
+
+    from ssd_export import loading, pipeline
+
+    roles = []
+
+    def counted(source, role, dtype):
+        roles.append(role)
+        return loading_load(source, role, dtype)
+
+    loading_load = loading.load_model
+    monkeypatch.setattr(loading, "load_model", counted)
+    monkeypatch.setattr(pipeline, "load_model", counted)
+    out = tmp_path / "bundle"
+    export_bundle(ExportConfig(target=str(models["llama"]), draft=str(models["llama"]),
+                               output=out, max_context=64, max_batch=1, draft_quant="none"))
+    assert roles == ["target"]
+    gen = Generator.load(out)
+    ids = np.asarray(prompt_ids(24), np.int64)
+    for i in range(0, 24, 8):
+        theirs = gen.target.forward(ids[i:i + 8], i).copy()
+        ours = gen.draft.forward(ids[i:i + 8], i)
+        np.testing.assert_allclose(ours, theirs, atol=1e-5)
+    restricted = tmp_path / "restricted"
+    shutil.copytree(models["llama"], restricted)
+    (restricted / "output_vocab.json").write_text('{"ids": [0, 1, 2, 3]}')
+    target = loading_load(str(models["llama"]), "target", "float32")
+    assert loading.load_draft(str(models["llama"]), target, "float32").model is target.model
+    other = loading.load_draft(str(restricted), target, "float32")
+    assert other.model is not target.model and roles[-1] == "draft"
