@@ -208,6 +208,10 @@ def _distill_head(config: DistillConfig, preset: Preset, models: list, tokenizer
              f"{lm_share:.0%} of a drafted token's weights")
 
     head = _head(config, target, ids, d2t, t2d, layer_ids, device, log)
+    target_params = sum(p.numel() for p in target.parameters())
+    embed = target.get_input_embeddings().weight.numel()
+    del target               # training needs the head alone (the embedding it shares stays);
+    gc.collect()             # the pair's worth exports from the target's folder
     before = _agreement(head, held, preset, device)
     epochs = plan.epochs if preset.steps is None else preset.epochs
     left = (budget_s - (time.monotonic() - log.t0)) if budget_s else preset.train_budget_s
@@ -243,8 +247,6 @@ def _distill_head(config: DistillConfig, preset: Preset, models: list, tokenizer
     shutil.rmtree(head_dir, ignore_errors=True)
     head.cpu()
     save_safeailab(head, head.config, head_dir)
-    target_params = sum(p.numel() for p in target.parameters())
-    embed = target.get_input_embeddings().weight.numel()
     n_params = sum(p.numel() for p in params)
     card = {
         "kind": "head", "target": config.target, "preset": config.preset,
@@ -275,8 +277,6 @@ def _distill_head(config: DistillConfig, preset: Preset, models: list, tokenizer
         "command": "ssd-distill " + " ".join(sys.argv[1:]) if sys.argv[0].endswith(
             "ssd-distill") else None,
     }
-    del target               # the export loads its own copy
-    gc.collect()
     if config.check:
         log.stage("the pair's worth: export target + head and measure c")
         try:
