@@ -164,7 +164,7 @@ def _distill_head(config: DistillConfig, preset: Preset, models: list, tokenizer
         f_tokens, f_seconds = make_features(target, cache, layer_ids, not runtime_labels,
                                             log.bar("features"))
     # training's steps are timed with the answering bundle closed: beside its sessions they
-    # would set the run's peak (Gemma 3 270M: 8.3 GiB, docs/distill.md §5)
+    # would set the run's peak (docs/distill.md §9, "Gemma 3 270M's hour again")
     del gen
     gc.collect()
     rates = measure(cache, wrote, f_tokens, f_seconds, held, target, layer_ids, preset, device,

@@ -117,7 +117,8 @@ def estimate_head(target, preset: Preset) -> int:
     disk (corpus.py)."""
     cfg = target.config
     params, hidden, vocab, layers, kv_dim = _dims(target)
-    answering = params * (4 * 3 + 1) + 2 * ANSWER_SLOTS * ANSWER_CONTEXT * layers * 2 * kv_dim * 4 \
+    kv = ANSWER_SLOTS * ANSWER_CONTEXT * layers * 2 * kv_dim * 4       # a model's caches
+    answering = params * (4 * 3 + 1) + 2 * kv \
         + PREFILL_TOKENS * (hidden * 16 + 3 * hidden * 2) * 4
     head_vocab = min(preset.head_tokens or 8192, vocab)
     inter = int(getattr(cfg, "intermediate_size", None) or 4 * hidden)

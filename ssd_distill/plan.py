@@ -28,9 +28,9 @@ EPOCHS = 2.0             # the fewest passes over the data a plan trains ...
 MOST_EPOCHS = 4.0        # ... and the most (measured no further: docs/distill.md §9)
 RESERVE = 0.05           # of the budget kept for the held-out agreement, the card, the slack
 MIN_EPOCHS = 0.25
-# Training's rate over a whole run against the probe's (a few steps of half batches: probe.py),
-# measured 0.55-0.82 over four runs (docs/distill.md §9, "The budget"): the plan trains at 0.75
-# of the probe's rate, so that the budget stops training early less often
+# Training's rate over a whole run against the probe's (a few steps of half batches: probe.py)
+# is lower (docs/distill.md §9, "The budget"): the plan trains at this share of the probe's
+# rate, so that the budget stops training early less often
 TRAIN_REALISED = 0.75
 
 
