@@ -54,8 +54,8 @@ def answer_export(target: str, output: Path, quant: str, max_context: int, max_b
     """The export of the bundle that writes the answers. The target is its own draft: k = 0
     never drafts, but a bundle has one. On the CPU that draft's weights are int4, so the
     session that never runs holds an eighth of a float copy (docs/distill.md §9, "Gemma 3
-    270M's hour again"); on a GPU it stays float, since int4
-    weights are a CPU kernel here and would keep the bundle off the GPU."""
+    270M's hour again"); on a GPU it stays float, since int4 weights are a CPU kernel here
+    and would keep the bundle off the GPU."""
     from ssd_export.config import ExportConfig
 
     return ExportConfig(target=target, draft=target, output=output, max_context=max_context,

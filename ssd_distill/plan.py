@@ -112,17 +112,18 @@ def make_plan(budget_s: float, elapsed_s: float, rates: Rates, held_positions: i
     passes = min(MOST_EPOCHS, max(EPOCHS, write * train)) if epochs is None else epochs
     new = max(0.0, (left - fixed - held_positions * passes / train) / (write + passes / train))
     note = ""
-    if most_positions is not None and held_positions + new > most_positions:
+    capped = most_positions is not None and held_positions + new > most_positions
+    if capped:
         new = max(0.0, most_positions - held_positions)
         note = f"--data-budget: at most {most_positions:,} positions"
-        if epochs is None and held_positions + new:      # the time left goes to passes
-            room = (left - fixed - new * write) * train / (held_positions + new)
-            passes = min(MOST_EPOCHS, max(passes, room))
-    if new == 0 and epochs is None and held_positions:
-        room = (left - fixed) * train / held_positions
-        passes = max(MIN_EPOCHS, min(passes, room))
-        note = note or "the budget trains the held answers and writes none"
     total = held_positions + new
+    if epochs is None and total:
+        room = (left - fixed - new * write) * train / total     # passes the time left allows
+        if capped:                                              # the time left goes to passes
+            passes = min(MOST_EPOCHS, max(passes, room))
+        if new == 0:                                            # the held data alone
+            passes = max(MIN_EPOCHS, min(passes, room))
+            note = note or "the budget trains the held answers and writes none"
     if left <= 0 or total == 0:
         raise ConfigError(f"the budget of {budget_s / 60:.0f} min leaves no time to train "
                           f"(the start took {elapsed_s / 60:.1f} min). ---> HINT: a larger "

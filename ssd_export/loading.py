@@ -76,8 +76,8 @@ def load_draft(source: str, target: LoadedModel, dtype: str) -> LoadedModel:
     """The draft model. The target's own folder as the draft (its int8 copy, which
     --draft-quant makes from the traced graph; ssd-distill's answering bundle) shares the
     target's loaded model: the same weights are not loaded and held twice. Not where the
-    folder carries an `output_vocab.json`,
-    which gives a draft's head other rows than the target's."""
+    folder carries an `output_vocab.json`, which gives a draft's head other rows than the
+    target's."""
     same = Path(source).resolve() == Path(target.source).resolve() if Path(source).exists() \
         else source == target.source
     if same and not (Path(source) / OUTPUT_VOCAB).exists():

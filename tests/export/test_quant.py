@@ -181,12 +181,12 @@ def test_the_target_as_its_own_draft_is_loaded_once_and_drafts_as_the_target(mod
     from ssd_export import loading, pipeline
 
     roles = []
+    loading_load = loading.load_model
 
     def counted(source, role, dtype):
         roles.append(role)
         return loading_load(source, role, dtype)
 
-    loading_load = loading.load_model
     monkeypatch.setattr(loading, "load_model", counted)
     monkeypatch.setattr(pipeline, "load_model", counted)
     out = tmp_path / "bundle"
