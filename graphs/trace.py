@@ -40,16 +40,19 @@ class TracedModel:
     fused: bool = False          # the static layer in fused operators (fused.py, opset 23)
     tree: bool = False           # contract.TREE_MASK follows the contract's inputs (tree_input.py)
     tree_note: str = ""          # ... or why an ort target has none
+    spare_rows: int = 0          # cache rows past max_context the graph writes (two_rows.py)
 
 
 def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context: int,
                    graph: str = contract.STANDARD, aux_layers: tuple[int, ...] = (),
-                   tree: bool = False) -> TracedModel:
+                   tree: bool = False, exact: bool = False) -> TracedModel:
     """Write `path` (model.onnx plus external data) for `model` in that graph flavour; with
     `aux_layers`, an EAGLE-3 head's features as one more output (docs/design.md §14); with
     `tree`, a target's draft trees (docs/design.md §2, "Trees"): contract.TREE_MASK as the last
     input, traced in the static flavour and the rows graph, added after tracing in the ort
-    flavour (tree_input.py, which may refuse: tree_note says why); none in the standard one."""
+    flavour (tree_input.py, which may refuse: tree_note says why); none in the standard one.
+    `exact`: an ort target's attention reads two rows at least, so that a row's logits do not
+    depend on the rows beside it (two_rows.py); the other flavours are so already."""
     decoder = Decoder(model, adapter_for(model, source), graph, max_context, source,
                       aux_layers, tree).eval()
     check_rope_context(model, source, max_context)
@@ -109,6 +112,11 @@ def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context:
         tree_note = append_tree_mask(path)
     elif tree and not decoder.tree:
         tree_note = f"the {graph} flavour has no tree input"
+    spare_rows = 0
+    if exact and graph == contract.ORT:
+        from .two_rows import SPARE_ROWS, give_two_rows
+
+        spare_rows = SPARE_ROWS if give_two_rows(path) else 0
     return TracedModel(
         path=path, num_layers=n_layers, num_kv_heads=decoder.num_kv_heads,
         head_dim=decoder.head_dim, vocab_size=model.config.vocab_size,
@@ -116,7 +124,7 @@ def export_decoder(model: torch.nn.Module, source: str, path: Path, max_context:
         parameters=sum(p.numel() for p in model.parameters()), graph=graph,
         moe=decoder.moe_kind, moe_note=decoder.moe_note, aux_layer_ids=tuple(aux_layers),
         tree=tree and not tree_note, tree_note=tree_note,
-        fused=fused,
+        fused=fused, spare_rows=spare_rows,
     )
 
 

@@ -15,7 +15,7 @@ from . import cache, contract
 from .errors import BundleError
 
 FORMAT = "ssd-bundle"
-SCHEMA_VERSION = 13         # 2: models carry "graph" (flavour); 1 reads as "standard"
+SCHEMA_VERSION = 14         # 2: models carry "graph" (flavour); 1 reads as "standard"
                             # 3: models carry "quant" (weights); 1 and 2 read as "none"
                             # 4: models carry "moe" (how MoE layers run); 1-3 read as "none"
                             # 5: tokenizer carries "special_tokens" (text), "split_special_tokens"
@@ -51,9 +51,15 @@ SCHEMA_VERSION = 13         # 2: models carry "graph" (flavour); 1 reads as "sta
                             #    not); 1-12 read as false. The manifest's "requires" names what
                             #    a runtime must know to run it (REQUIRES): a newer bundle's
                             #    unknown names are the refusal's words
+                            # 14: models carry "spare_rows" (an ort target's attention reads
+                            #    two rows at least and writes its dummy one row past the
+                            #    last: its arenas hold max_context + spare_rows rows,
+                            #    docs/design.md §12); 1-13 read as 0, and such a target
+                            #    requires "spare_rows"
 # what a bundle may require by name (Manifest.requires) and this runtime runs: "tree", a target
-# graph that takes draft trees (a runtime before schema 13 refuses it by its schema_version)
-REQUIRES = ("tree",)
+# graph that takes draft trees (a runtime before schema 13 refuses it by its schema_version);
+# "spare_rows", arenas of max_context + ModelEntry.spare_rows rows
+REQUIRES = ("tree", "spare_rows")
 MAX_BATCH = 64              # the batch axis' bound in the traced graphs (graphs/trace.py)
 # an EAGLE-3 head's settings in ModelEntry.head (docs/design.md §14): the published layout it
 # was read from ("safeailab" or "speculators"), its width H, the target's width Ht (features
@@ -107,6 +113,9 @@ class ModelEntry:
     # (docs/design.md §2, "Trees"); or "" and why an ort target's does not
     tree: bool = False
     tree_note: str = ""
+    # schema 14: cache rows past max_context that the graph writes (an ort target's dummy
+    # attention row, graphs/two_rows.py): the runtime's arenas hold max_context + this many
+    spare_rows: int = 0
 
     @property
     def quant_form(self) -> str:
@@ -251,6 +260,9 @@ class Manifest:
             if entry.moe not in contract.MOES:
                 raise BundleError(f"{where}: models.{role}.moe is {entry.moe!r}, expected one "
                                   f"of {list(contract.MOES)}. {_HINT}")
+            if type(entry.spare_rows) is not int or not 0 <= entry.spare_rows <= 8:
+                raise BundleError(f"{where}: models.{role}.spare_rows is {entry.spare_rows!r}, "
+                                  f"expected an integer from 0 to 8. {_HINT}")
         _check_head(manifest, where)
         if not 1 <= manifest.max_batch <= MAX_BATCH:
             raise BundleError(f"{where}: max_batch is {manifest.max_batch}, expected 1 to "

@@ -103,7 +103,7 @@ def _export(config: ExportConfig, log: _Progress, named: dict[str, str]) -> Mani
     check_request(config.draft_quant)
     graph, why = choose_graph(config)
     log.print(f"    graph flavour: {graph} ({why})")
-    if graph == contract.ORT and config.quant != contract.NO_QUANT:
+    if graph == contract.ORT and config.quant != contract.NO_QUANT and config.max_batch > 1:
         log.print(f"    note: {ORT_QUANT_NOTE}")
     check_target_quant(config, graph)
     heldout = read_calibration(config.calib)[1:]     # the quality report's and the worth's
@@ -211,7 +211,8 @@ def _export(config: ExportConfig, log: _Progress, named: dict[str, str]) -> Mani
                 **text_settings(target.tokenizer)),
             heads=heads, build=_build_info(config), generation=generation,
             max_batch=config.max_batch,
-            requires=["tree"] if traced["target"].tree else [],
+            requires=(["tree"] if traced["target"].tree else [])
+            + (["spare_rows"] if traced["target"].spare_rows else []),
         )
         if config.max_batch > 1:
             with log.stage("check batches of rows at their own lengths"):
@@ -287,8 +288,8 @@ def choose_graph(config: ExportConfig) -> tuple[str, str]:
     if config.quant != contract.NO_QUANT and config.quant_method != "hqq":
         # (HQQ's float zero points are MatMulNBits only, the ort flavour: it keeps that form)
         return EXACT_QUANT_GRAPH, ("a quantized target: plain-ONNX attention keeps a row's "
-                                   "logits the same alone and among k+1 rows, so speculation "
-                                   "equals k=0; design §12")
+                                   "logits the same alone, among k+1 rows and beside other "
+                                   "sequences, so speculation equals k=0; design §12")
     return contract.ORT, ("no TensorRT or CUDA here: ONNX Runtime CPU kernels; "
                           "--graph standard for a bundle that also runs on GPUs")
 
@@ -312,7 +313,8 @@ def _trace_checked(loaded: LoadedModel, path: Path, max_context: int, config: Ex
         with log.stage(f"trace the {role} ({loaded.architecture}, {graph} graph)"):
             # a target takes draft trees where its flavour can and --trees asks (design §2)
             traced = export_decoder(loaded.model, loaded.source, path, max_context, graph, aux,
-                                    tree=role == "target" and takes_trees(config.trees, graph))
+                                    tree=role == "target" and takes_trees(config.trees, graph),
+                                    exact=role == "target")
         if traced.moe_note:
             log.print(f"    {role}: {traced.moe_note}")
         if traced.tree_note:
@@ -417,7 +419,8 @@ def _entry(root: Path, loaded: LoadedModel, traced: TracedModel,
         outputs=contract.output_names(traced.num_layers, traced.graph, bool(traced.aux_layer_ids))
         + ([contract.TOP_ID, contract.TOP_PROB] if traced.tops else []),
         parameters=traced.parameters, parity=parity, graph=traced.graph, moe=traced.moe,
-        fused=traced.fused, tree=traced.tree, tree_note=traced.tree_note)
+        fused=traced.fused, tree=traced.tree, tree_note=traced.tree_note,
+        spare_rows=traced.spare_rows)
 
 
 def _build_info(config: ExportConfig) -> dict:

@@ -38,20 +38,18 @@ from .qweights import DEQUANTIZE, MATMULNBITS, Scheme, Weight, rewrite, save
 FLOOR = {"int4": 0.90, "int8": 0.97}
 BITS = {"int8": 8, "int4": 4}
 # The flavour --graph auto writes for a quantized target on the CPU: its attention is plain
-# ONNX whose MatMuls never run on one row (graphs/attention.py row_exact_matmul), so a row's
-# logits have the same bits alone (k=0) and among k+1; the ort flavour's GroupQueryAttention
-# does not, and int8 activations amplify its ~1e-6 into ~0.04 (design §12, issue 44).
-# Static, not standard: only its shapes are the same for every row (the whole cache), so a
-# sequence's rows are also the same beside other sequences in a batch (the standard one's
-# are not: tests/export/test_row_exact.py). It costs some speed against the ort flavour
-# (docs/export.md, "Quantized targets: `--quant`"; the measurements: docs/performance-notes.md
-# §12)
+# ONNX whose MatMuls never run on one row (graphs/attention.py row_exact_matmul), and only its
+# shapes are the same for every row (the whole cache), so a row's logits have the same bits
+# alone (k=0), among k+1 and beside other sequences; int8 activations would amplify a ~1e-7
+# difference into ~0.04 (design §12, issue 44). The ort flavour's target is as exact for one
+# sequence (its GroupQueryAttention reads two rows at least, graphs/two_rows.py) but not in a
+# batch, and with the fused static layer no faster (docs/performance.md, "Two rows").
 EXACT_QUANT_GRAPH = contract.STATIC
-ORT_QUANT_NOTE = ("a quantized target in the ort flavour computes a row alone (k=0) slightly "
-                  "differently than among k+1 rows: speculation then parts from k=0 at some "
-                  "tokens (SmolLM2-135M, 8 prompts x greedy/sampled x k=2,4,auto: 46 of 48 "
-                  "runs parted for int8, 48 of 48 for int4; design §12). --graph auto keeps "
-                  "it exact.")
+ORT_QUANT_NOTE = ("a quantized target in the ort flavour is exact for one sequence (its "
+                  "attention reads two rows at least: speculation equals k=0), but in a batch a "
+                  "sequence's rows are computed otherwise than alone, and speculation parts from "
+                  "k=0 at some tokens (design §12). --graph auto writes the static flavour, "
+                  "exact in batches too.")
 REPORT_TOKENS = 1024          # held-out tokens the report reads (4 windows of 256)
 WINDOW = 256
 

@@ -60,11 +60,11 @@ def default_folder() -> Path | None:
 # ---- keys -----------------------------------------------------------------------------------
 
 def trace_key(model, max_context: int, graph: str, aux_layers: tuple[int, ...] = (),
-              tree: bool = False) -> str:
+              tree: bool = False, exact: bool = False) -> str:
     """Everything `export_decoder` reads but the source name, which only error messages
     (never cached) carry: the graph code, the tool versions, the model itself."""
     return _digest("trace", FORMAT, sources(TRACE_SOURCES), versions(), model_digest(model),
-                   max_context, graph, list(aux_layers), tree)
+                   max_context, graph, list(aux_layers), tree, *(("exact",) if exact else ()))
 
 
 def bundle_key(config) -> str:
@@ -157,16 +157,16 @@ def _digest(*parts) -> str:
 # ---- entries --------------------------------------------------------------------------------
 
 def traced(export, model, source: str, path: Path, max_context: int, graph: str,
-           aux_layers: tuple[int, ...] = (), tree: bool = False):
+           aux_layers: tuple[int, ...] = (), tree: bool = False, exact: bool = False):
     """`export(model, source, path, max_context, graph, aux_layers)` (graphs/trace.py's
-    export_decoder; `tree=True` passed on where asked), or its files and TracedModel from the
-    cache; an exception is never cached."""
+    export_decoder; `tree=True`, `exact=True` passed on where asked), or its files and
+    TracedModel from the cache; an exception is never cached."""
     from ssd_graphs.trace import TracedModel
 
-    more = {"tree": True} if tree else {}
+    more = {**({"tree": True} if tree else {}), **({"exact": True} if exact else {})}
     if _root is None:
         return export(model, source, path, max_context, graph, aux_layers, **more)
-    key = trace_key(model, max_context, graph, aux_layers, tree)
+    key = trace_key(model, max_context, graph, aux_layers, tree, exact)
     entry = _root / "traces" / key
     with _locked(key):
         if not (entry / DONE).exists():
@@ -220,8 +220,8 @@ def tracing_cached():
         return
     real = trace.export_decoder
     pipeline.export_decoder = lambda model, source, path, max_context, graph="standard", \
-        aux_layers=(), tree=False: traced(real, model, source, path, max_context, graph,
-                                          aux_layers, tree)
+        aux_layers=(), tree=False, exact=False: traced(real, model, source, path, max_context,
+                                                       graph, aux_layers, tree, exact)
     try:
         yield
     finally:

@@ -240,8 +240,11 @@ def ours_variants(bundle: Path, threads: int, ks: list[int | str]) -> list[Varia
     where = f" ({gen.target.threads}:{gen.draft.threads})"
     quant = gen.manifest.target.quant        # "none", or issue 23's int8 / int4 target
     precision = "fp32" if quant == "none" else quant
-    # a head's bundle apart from a draft model's of the same target precision
-    label = (_quantized(target=precision) + (" head" if gen.features is not None else "")).lstrip()
+    # a head's bundle apart from a draft model's of the same target precision, and a quantized
+    # target's graph flavour (ort or static) named
+    flavour = f" {gen.manifest.target.graph}" if quant != "none" else ""
+    label = (_quantized(target=precision) + flavour
+             + (" head" if gen.features is not None else "")).lstrip()
 
     def runner(k: int | str, source: str) -> Callable[[list[int], int], Sample]:
         def run(ids: list[int], n: int) -> Sample:
@@ -257,6 +260,19 @@ def ours_variants(bundle: Path, threads: int, ks: list[int | str]) -> list[Varia
         named = f"{label} k={k}{' ' + source if source else ''}{where}".lstrip()
         return Variant("ours", named, k != 0, runner(k, source or "fused"), precision)
     return [variant(k) for k in [0, *ks]]
+
+
+_labels: dict[str, Path] = {}     # an ours label -> the bundle that took it first
+
+
+def named_apart(bundle: Path, threads: int, ks: list[int | str]) -> list[Variant]:
+    """ours_variants, a bundle whose labels another bundle took first named by its folder
+    too (two bundles of one flavour and precision, e.g. before and after a change)."""
+    variants = ours_variants(bundle, threads, ks)
+    for v in variants:
+        if _labels.setdefault(v.config, bundle) != bundle:
+            v.config = f"{v.config} [{bundle.name}]"
+    return variants
 
 
 def hf_variants(target, draft, threads: int) -> list[Variant]:
@@ -705,7 +721,7 @@ def main(argv: list[str] | None = None) -> int:
     for t in threads:
         print(f"threads {t}: {len(prompts)} prompts x {args.max_new_tokens} new tokens "
               f"x {args.repeats}", flush=True)
-        variants = [v for b in bundles if "ours" not in skip for v in ours_variants(b, t, ks)] + \
+        variants = [v for b in bundles if "ours" not in skip for v in named_apart(b, t, ks)] + \
             (hf_variants(*hf, t) if hf else []) + \
             (llamacpp_variants(llama, t, llama_targets, llama_spec, llama_ks, target)
              if llama else [])

@@ -46,6 +46,9 @@ class OrtCpuSession(OrtBatchMixin, OrtTreeMixin):
                  max_new_len: int, threads: int | None = None, max_batch: int = 1) -> None:
         self.name, self.entry, self.threads = name, entry, threads
         self.max_context, self.max_new_len, self.max_batch = max_context, max_new_len, max_batch
+        # an arena's rows a slot: max_context, and the rows past it the graph writes (an ort
+        # target's dummy attention row, design §12)
+        self.cache_rows = max_context + entry.spare_rows
         check_onnxruntime(name, entry)
         try:
             self.session = self._open(path, threads)
@@ -164,17 +167,17 @@ class OrtCpuSession(OrtBatchMixin, OrtTreeMixin):
 
     @property
     def arena_shape(self) -> tuple[int, int, int, int]:
-        """(slots, Hkv, max_context, D) in the ort and static flavours, else (slots,
-        max_context, Hkv, D)."""
+        """(slots, Hkv, cache_rows, D) in the ort and static flavours, else (slots,
+        cache_rows, Hkv, D); cache_rows = max_context + the entry's spare rows."""
         e = self.entry
         if self.in_place:
-            return (self.max_batch, e.num_kv_heads, self.max_context, e.head_dim)
-        return (self.max_batch, self.max_context, e.num_kv_heads, e.head_dim)
+            return (self.max_batch, e.num_kv_heads, self.cache_rows, e.head_dim)
+        return (self.max_batch, self.cache_rows, e.num_kv_heads, e.head_dim)
 
     @property
     def slot_bytes(self) -> int:
         """Bytes of one slot's rows in one layer's arena."""
-        return self.max_context * self.row_bytes
+        return self.cache_rows * self.row_bytes
 
     def _kv_ptrs(self, layer: int) -> tuple[int, int]:
         return self.keys[layer].ctypes.data, self.values[layer].ctypes.data
@@ -265,7 +268,7 @@ class OrtCpuSession(OrtBatchMixin, OrtTreeMixin):
         if self._caches_at == (first, count):
             return
         e, kv_type = self.entry, self.kv_dtype
-        whole = (count, e.num_kv_heads, self.max_context, e.head_dim)
+        whole = (count, e.num_kv_heads, self.cache_rows, e.head_dim)
         base = first * self.slot_bytes
         for past_k, past_v, present_k, present_v, k_ptr, v_ptr in self.layers:
             self._bind_in(past_k, kv_type, whole, k_ptr + base)

@@ -58,7 +58,7 @@ class RowsGraph:
         if self._slots != B:
             # the binding rule's one exception (design §2): the whole cache as past and present,
             # one address, which the graph's ScatterND updates in place
-            whole, kv_type = (B, e.num_kv_heads, owner.max_context, e.head_dim), owner.kv_dtype
+            whole, kv_type = (B, e.num_kv_heads, owner.cache_rows, e.head_dim), owner.kv_dtype
             for past_k, past_v, present_k, present_v, k_ptr, v_ptr in self.layers:
                 self._bind_in(past_k, kv_type, whole, k_ptr)
                 self._bind_in(past_v, kv_type, whole, v_ptr)

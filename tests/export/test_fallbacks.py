@@ -23,7 +23,8 @@ def trace(monkeypatch, tmp_path: Path, ort_error: Exception | None):
     """_trace_checked under --graph auto, the ort trace raising `ort_error`."""
     graphs = []
 
-    def export_decoder(model, source, path, max_context, graph, aux_layers=(), tree=False):
+    def export_decoder(model, source, path, max_context, graph, aux_layers=(), tree=False,
+                       exact=False):
         graphs.append(graph)
         if graph == "ort" and ort_error is not None:
             raise ort_error

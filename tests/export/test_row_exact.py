@@ -13,13 +13,13 @@ from ssd_runtime import contract
 from ssd_runtime.backends import cpu_session
 from ssd_runtime.manifest import SCHEMA_VERSION, read_manifest, sha256_file
 
-# (graph, target quant): the plain-ONNX flavours are row-exact, float and quantized (their
-# attention MatMuls never run on one row: graphs/attention.py row_exact_matmul)
+# (graph, target quant): every flavour's target is row-exact, float and quantized: the
+# plain-ONNX flavours' attention products never run on one row (graphs/attention.py
+# row_exact_matmul), the ort target's GroupQueryAttention reads two rows at least
+# (graphs/two_rows.py; without them it parts, tests/graphs/test_two_rows.py)
 EXACT = [("static", "int4"), ("static", "int8"), ("static", "none"), ("standard", "int4"),
-         ("standard", "int8"), ("standard", "none")]
-# ONNX Runtime's GroupQueryAttention computes a one-row call on another kernel than a
-# (k+1)-row one (~1e-6 in its output; measured, tools/row_exact.py and design §12)
-GQA = [("ort", "int4"), ("ort", "none")]
+         ("standard", "int8"), ("standard", "none"), ("ort", "int4"), ("ort", "int8"),
+         ("ort", "none")]
 
 
 def ids(n: int, seed: int) -> np.ndarray:
@@ -57,16 +57,6 @@ def test_the_plain_static_layer_keeps_a_rows_bits_too(bundle_factory):
     assert "Attention" not in {n.op_type for n in graph.graph.node}
     together, alone = rows_alone_and_together(bundle)
     assert (together == alone).all(), f"rows differ by {np.abs(together - alone).max(1)}"
-
-
-@pytest.mark.parametrize("graph,quant", GQA, ids=["-".join(f) for f in GQA])
-def test_group_query_attention_rows_depend_on_the_rows_beside_them(bundle_factory, graph,
-                                                                   quant):
-    """Why a quantized target does not take the ort flavour: when this starts failing, an
-    onnxruntime made GroupQueryAttention row-exact and design §12 can be revisited."""
-    together, alone = rows_alone_and_together(
-        bundle_factory("llama", "llama_cut", graph=graph, quant=quant))
-    assert not (together == alone).all()
 
 
 @pytest.mark.parametrize("graph", ["auto", pytest.param("standard", marks=pytest.mark.xfail(

@@ -35,8 +35,8 @@ def test_the_ort_target_takes_trees_and_the_bundle_says_so(tree_bundle):
     assert m.target.graph == "ort"
     assert m.target.tree and m.target.tree_note == ""
     assert m.target.inputs[-1] == "tree_mask"
-    assert m.requires == ["tree"]
-    assert not m.draft.tree
+    assert m.requires == ["tree", "spare_rows"]         # its attention's dummy row too
+    assert not m.draft.tree and m.draft.spare_rows == 0
 
 
 def test_a_tree_call_gives_each_node_its_path_as_a_chain(tree_bundle):
