@@ -73,15 +73,25 @@ def test_a_runtime_that_predates_trees_refuses_a_tree_bundle_by_name(tree_bundle
     shutil.copytree(tree_bundle, copy)
     monkeypatch.setattr(manifest_module, "SCHEMA_VERSION", 12)
     monkeypatch.setattr(manifest_module, "REQUIRES", ())
-    with pytest.raises(BundleError, match=r"schema_version 13 is newer than this runtime reads "
-                                          r"\(up to 12\) and needs 'tree', which this runtime "
-                                          r"predates.*upgrade"):
+    with pytest.raises(BundleError, match=r"schema_version 14 is newer than this runtime reads "
+                                          r"\(up to 12\) and needs 'tree', 'spare_rows', which "
+                                          r"this runtime predates.*upgrade"):
+        read_manifest(copy, verify=False)
+    # a runtime of schema 13 takes trees but not the ort target's spare arena row (two_rows.py)
+    monkeypatch.setattr(manifest_module, "SCHEMA_VERSION", 13)
+    monkeypatch.setattr(manifest_module, "REQUIRES", ("tree",))
+    with pytest.raises(BundleError, match=r"schema_version 14 .* needs 'spare_rows', which"):
         read_manifest(copy, verify=False)
     monkeypatch.undo()
     data = json.loads((copy / "manifest.json").read_text())
     data["requires"] = ["tree", "telepathy"]
     (copy / "manifest.json").write_text(json.dumps(data))
     with pytest.raises(BundleError, match=r"needs 'telepathy', which this runtime predates"):
+        read_manifest(copy, verify=False)
+    data["requires"] = ["tree", "spare_rows"]
+    data["models"]["target"]["spare_rows"] = -1
+    (copy / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(BundleError, match=r"models.target.spare_rows is -1, expected an integer"):
         read_manifest(copy, verify=False)
 
 
