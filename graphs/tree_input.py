@@ -18,7 +18,11 @@ graph's position_ids[:, -1] is a tree's deepest node's position, not its last ro
 
 The kernel keeps its own causal mask by cache row, which a tree's ancestors (parents[i] < i)
 always satisfy, so the bias only hides siblings and cousins. A chain's call gives the same
-bits as the graph without the input (0 added to every score it keeps).
+bits as the graph without the input (0 added to every score it keeps). A sliding-window layer
+loses its kernel window, which counts cache rows, and gets the window by position in its bias
+instead (key positions: 0 .. past-1, then the call's position_ids):
+
+    position_ids (B,T,1) - key positions (B,1,S) < w ─ Where(·, attention_bias, -1e30)
 """
 from __future__ import annotations
 
@@ -33,18 +37,14 @@ _POSITION_INPUT, _BIAS_INPUT = 9, 10        # GroupQueryAttention's position_ids
 
 
 def tree_refusal(model: onnx.ModelProto) -> str:
-    """Why this ort graph cannot take trees ("" if it can): a sliding window, which the kernel
-    measures by cache row (a tree's node sits at row past_len + i, position past_len + depth)."""
-    for node in model.graph.node:
-        if node.op_type == _GQA and node.domain == "com.microsoft":
-            for attr in node.attribute:
-                if attr.name == "local_window_size" and attr.i > 0:
-                    return ("its sliding window is measured by cache row in ONNX Runtime's "
-                            "GroupQueryAttention, and a tree's nodes sit at rows past their "
-                            "positions")
+    """Why this ort graph cannot take trees ("" if it can)."""
     if not any(n.op_type == _GQA for n in model.graph.node):
         return "it has no GroupQueryAttention node"
     return ""
+
+
+def _window(node: onnx.NodeProto) -> int:
+    return next((a.i for a in node.attribute if a.name == "local_window_size"), -1)
 
 
 def append_tree_mask(path: Path) -> str:
@@ -98,14 +98,52 @@ def append_tree_mask(path: Path) -> str:
                          value=zero_value),
         helper.make_node("Concat", ["tree.pad", "tree.new4"], ["tree.bias"], axis=3),
     ]
+    # A sliding window by position, not by cache row: the kernel measures its window by row,
+    # and a tree's node sits at row past_len + i but position past_len + depth. So a windowed
+    # layer's kernel gets no window, and its bias hides the keys a window of w leaves out:
+    # key j's position is j over the committed rows, then the call's own positions.
+    windows = sorted({_window(n) for n in gqa if _window(n) > 0})
+    if windows:
+        nodes += [
+            helper.make_node("Squeeze", ["tree.past", "tree.0"], ["tree.past_s"]),
+            helper.make_node("Squeeze", ["tree.1", "tree.0"], ["tree.one_s"]),
+            helper.make_node("Squeeze", ["tree.0", "tree.0"], ["tree.zero_s"]),
+            helper.make_node("Range", ["tree.zero_s", "tree.past_s", "tree.one_s"],
+                             ["tree.committed"]),                                 # (P,)
+            helper.make_node("Unsqueeze", ["tree.committed", "tree.0"], ["tree.committed2"]),
+            helper.make_node("Slice", ["tree.bht", "tree.0", "tree.1"], ["tree.b"]),
+            helper.make_node("Concat", ["tree.b", "tree.past"], ["tree.committed_shape"], axis=0),
+            helper.make_node("Expand", ["tree.committed2", "tree.committed_shape"],
+                             ["tree.committed_b"]),                               # (B, P)
+            helper.make_node("Concat", ["tree.committed_b", contract.POSITION_IDS],
+                             ["tree.key_pos"], axis=1),                           # (B, S)
+            helper.make_node("Unsqueeze", [contract.POSITION_IDS, "tree.2"], ["tree.q_pos"]),
+            helper.make_node("Unsqueeze", ["tree.key_pos", "tree.1"], ["tree.k_pos"]),
+            helper.make_node("Sub", ["tree.q_pos", "tree.k_pos"], ["tree.behind"]),  # (B,T,S)
+        ]
+        for w in windows:
+            graph.initializer.append(numpy_helper.from_array(np.array(w, np.int64),
+                                                             f"tree.w{w}"))
+            nodes += [
+                helper.make_node("Less", ["tree.behind", f"tree.w{w}"], [f"tree.in{w}"]),
+                helper.make_node("Unsqueeze", [f"tree.in{w}", "tree.axis1"], [f"tree.in{w}_4"]),
+                helper.make_node("Where", [f"tree.in{w}_4", "tree.bias", "tree.neg"],
+                                 [f"tree.bias_w{w}"]),
+            ]
     for offset, node in enumerate(nodes):      # first: they read graph inputs only
         graph.node.insert(offset, node)
     for node in gqa:
         inputs = list(node.input) + [""] * max(0, _BIAS_INPUT + 1 - len(node.input))
         inputs[5], inputs[6] = "tree.seqlens_k", "tree.total_len"
-        inputs[_POSITION_INPUT], inputs[_BIAS_INPUT] = contract.POSITION_IDS, "tree.bias"
+        window = _window(node)
+        inputs[_POSITION_INPUT] = contract.POSITION_IDS
+        inputs[_BIAS_INPUT] = f"tree.bias_w{window}" if window > 0 else "tree.bias"
         del node.input[:]
         node.input.extend(inputs)
+        if window > 0:
+            for attr in node.attribute:
+                if attr.name == "local_window_size":
+                    attr.i = -1
     graph.input.append(helper.make_tensor_value_info(contract.TREE_MASK, TensorProto.BOOL,
                                                      ["batch", "new_len", "new_len"]))
     onnx.save(model, str(path))

@@ -10,7 +10,7 @@ node of an ort target is given one dummy row more when a call has a single new t
     input_ids ─ Shape ─ B, T;  z = max(2 - T, 0) if B = 1 else 0   (once per call)
     query (B,T,W) ─ Concat(zeros (B,z,W)) ─ GroupQueryAttention ─ [:, :T] ─ output
     seqlens_k + z, total_sequence_length + z                       (the dummy is the last row)
-    position_ids ─ Concat(its last column z times)                 (where the kernel rotates)
+    position_ids ─ Concat(its last column z times)                 (where the kernel reads them)
     attention_bias (B,1,T,S) ─ Pad(rows z, columns z)              (where there is one)
 
 The projections, norms and LM head still run on the call's own T rows (a one-row MatMulNBits
@@ -113,7 +113,7 @@ def give_two_rows(path: Path) -> bool:
             helper.make_node("Add", [seqlens, "two.z32"], [name])])
         inputs[_TOTAL] = once("total", total, at, lambda name: [
             helper.make_node("Add", [total, "two.z32s"], [name])])
-        if _attr(node, "do_rotary"):        # the dummy rotates at the last real position
+        if _attr(node, "do_rotary") or inputs[_POSITIONS]:   # the dummy at the last position
             source = inputs[_POSITIONS] or contract.POSITION_IDS
             inputs[_POSITIONS] = once("positions", source, at, lambda name: [
                 helper.make_node("Slice", [source, "two.-1", "two.end", "two.1"],

@@ -234,7 +234,8 @@ def prompt_ids(n: int) -> list[int]:
 
 
 @pytest.mark.parametrize("target,graph", [("gemma", "auto"), ("phi3", "auto"),
-                                          ("llama", "static")])
+                                          ("llama", "static"), ("gemma3", "auto"),
+                                          ("mistral", "auto")])
 def test_model_trees_that_leave_their_first_path_keep_k0s_tokens(bundle_factory, target,
                                                                  graph, monkeypatch):
     """A node off a tree's first path has its path's logits up to the sums' order only (design
@@ -246,6 +247,7 @@ def test_model_trees_that_leave_their_first_path_keep_k0s_tokens(bundle_factory,
     from ssd_runtime.round.tree_draft import TreeShape
 
     gen = Generator.load(bundle_factory(target, f"{target}_cut", graph=graph))
+    assert gen.manifest.target.tree          # sliding windows (gemma3, mistral) by position
     carried = 0
     for n in range(1, 9):
         want = gen.generate(prompt_ids(n), max_new_tokens=48, k=0).token_ids
