@@ -324,10 +324,8 @@ class Decoder(nn.Module):
             r.rotary_dim == self.heads.head_dim and not r.interleaved for r in self.ropes.values()))
         self.ort_caches: dict[str, tuple[str, str]] = {}    # rope key -> buffer names
         for key, rope in (self.ropes.items() if self.ort_rotary else ()):
-            # one row more than positions: the kernel wants total_sequence_length rows, which a
-            # target's dummy row makes max_context + 1 at the last position (two_rows.py)
-            freqs = torch.arange(max_context + 1, dtype=torch.float32)[:, None] * rope.inv_freq
-            names = (f"cos_cache_{key}", f"sin_cache_{key}")          # (max_context + 1, D/2)
+            freqs = torch.arange(max_context, dtype=torch.float32)[:, None] * rope.inv_freq
+            names = (f"cos_cache_{key}", f"sin_cache_{key}")          # (max_context, D/2)
             self.register_buffer(names[0], freqs.cos() * rope.scale, persistent=False)
             self.register_buffer(names[1], freqs.sin() * rope.scale, persistent=False)
             self.ort_caches[key] = names

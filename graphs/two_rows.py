@@ -17,8 +17,11 @@ The projections, norms and LM head still run on the call's own T rows (a one-row
 keeps a row's bits, design §12): only the attention reads two. The dummy's key and value go to
 cache row past_len + 1, past the sequence's last, where its next call writes first; at the
 last position of the context that row is the arena's spare one (ModelEntry.spare_rows: the
-runtime allocates max_context + 1 rows). The dummy rotates at the last real position, inside
-the cos/sin tables. Two nodes a layer (the Concat, the Slice) and a handful once per call.
+runtime allocates max_context + 1 rows). The dummy rotates at the last real position, but the
+kernel wants cos/sin tables as long as total_sequence_length (max_context + 1 there), so each
+table gets its last row again: a Concat of constants, which ONNX Runtime folds when it loads
+the graph (the tables on disk stay the ones the rows graph shares). Two nodes a layer (the
+Concat, the Slice) and a handful once per call.
 """
 from __future__ import annotations
 
@@ -29,8 +32,8 @@ import onnx
 from ssd_runtime import contract
 
 _GQA = "GroupQueryAttention"
-_QUERY, _KEY, _VALUE, _PAST_KEY = 0, 1, 2, 3
-_SEQLENS, _TOTAL, _POSITIONS, _BIAS = 5, 6, 9, 10
+_QUERY, _KEY, _VALUE = 0, 1, 2
+_SEQLENS, _TOTAL, _COS, _SIN, _POSITIONS, _BIAS = 5, 6, 7, 8, 9, 10
 SPARE_ROWS = 1          # the dummy row's cache row at the context's last position
 
 
@@ -121,6 +124,13 @@ def give_two_rows(path: Path) -> bool:
                 helper.make_node("Concat", ["two.b", "two.z"], [f"{name}.shape"], axis=0),
                 helper.make_node("Expand", [f"{name}.last", f"{name}.shape"], [f"{name}.pad"]),
                 helper.make_node("Concat", [source, f"{name}.pad"], [name], axis=1)])
+        for slot in (_COS, _SIN):           # the kernel wants total_sequence_length rows
+            if inputs[slot]:
+                table = inputs[slot]
+                inputs[slot] = once("table", table, at, lambda name: [
+                    helper.make_node("Slice", [table, "two.-1", "two.end", "two.0"],
+                                     [f"{name}.last"]),
+                    helper.make_node("Concat", [table, f"{name}.last"], [name], axis=0)])
         if inputs[_BIAS]:
             bias = inputs[_BIAS]
             inputs[_BIAS] = once("bias", bias, at, lambda name: [

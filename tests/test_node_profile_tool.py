@@ -14,7 +14,8 @@ TOOL = ROOT / "tools" / "node_profile.py"
 
 # ONNX Runtime's optimized graph of the tiny llama (3 layers), one-token step
 STATIC_LAYER = 23          # the static flavour's fused layer (the exact one; 30 before it)
-ORT_LAYER = 12             # the ort flavour's: one GroupQueryAttention
+ORT_LAYER = 14             # the ort target's: one GroupQueryAttention reading two rows at
+                           # least (a Concat and a Slice around it, graphs/two_rows.py)
 FUSED = {"Attention": 1, "RotaryEmbedding": 1, "com.microsoft.SkipSimplifiedLayerNormalization": 2}
 
 

@@ -60,7 +60,8 @@ def test_ort_flavour_updates_the_cache_in_place(bundle_factory):
     session, ref = gen.target, standard.target
     assert session.entry.graph == contract.ORT and ref.entry.graph == contract.STANDARD
     e = session.entry
-    assert session.keys[0].shape == (1, e.num_kv_heads, gen.manifest.max_context, e.head_dim)
+    assert e.spare_rows == 1          # the target's attention reads two rows (two_rows.py)
+    assert session.keys[0].shape == (1, e.num_kv_heads, gen.manifest.max_context + 1, e.head_dim)
     ids = np.array([0, 5, 9, 17, 33, 64, 100], np.int64)
     for s in (session, ref):
         s.prefill(ids[:4])
