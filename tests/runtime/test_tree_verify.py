@@ -296,3 +296,11 @@ def test_lookup_offers_every_continuation_of_its_n_gram_merged_into_one_tree():
     with_prediction = Lookup(max_ngram=3, prediction=Prediction([8, 8, 8], prompt_len=len(seq)))
     found, _ = with_prediction.find(seq, 2)
     assert found == [3, 7] and [8, 8] in with_prediction.others(seq, 2)
+
+
+@pytest.mark.parametrize("target", ["gemma3", "mistral"])
+def test_a_sliding_window_tree_node_sees_its_path_by_position(bundle_factory, target):
+    """Windowed layers (gemma3: 8, a sliding and a full layer; mistral: 16) past their window:
+    a node at cache row past + i but position past + depth sees the keys its position's window
+    holds, as its path run as a chain does (graphs/tree_input.py), on every branch."""
+    assert_nodes_see_their_paths(_target(bundle_factory(target, f"{target}_cut")))
