@@ -32,19 +32,29 @@ import numpy as np
 import onnx
 from ssd_runtime import contract
 
-_GQA = "GroupQueryAttention"
-_POSITION_INPUT, _BIAS_INPUT = 9, 10        # GroupQueryAttention's position_ids, attention_bias
+GQA = "GroupQueryAttention"
+# GroupQueryAttention's inputs by index: seqlens_k, total_sequence_length, the cos/sin tables,
+# position_ids, attention_bias
+SEQLENS, TOTAL, COS, SIN, POSITIONS, BIAS = 5, 6, 7, 8, 9, 10
 
 
 def tree_refusal(model: onnx.ModelProto) -> str:
     """Why this ort graph cannot take trees ("" if it can)."""
-    if not any(n.op_type == _GQA for n in model.graph.node):
+    if not any(n.op_type == GQA for n in model.graph.node):
         return "it has no GroupQueryAttention node"
     return ""
 
 
+def int_attribute(node: onnx.NodeProto, name: str, default: int) -> int:
+    return next((a.i for a in node.attribute if a.name == name), default)
+
+
+def gqa_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    return [n for n in graph.node if n.op_type == GQA and n.domain == "com.microsoft"]
+
+
 def _window(node: onnx.NodeProto) -> int:
-    return next((a.i for a in node.attribute if a.name == "local_window_size"), -1)
+    return int_attribute(node, "local_window_size", -1)
 
 
 def append_tree_mask(path: Path) -> str:
@@ -59,7 +69,7 @@ def append_tree_mask(path: Path) -> str:
     why = tree_refusal(model)
     if why:
         return why
-    gqa = [n for n in graph.node if n.op_type == _GQA and n.domain == "com.microsoft"]
+    gqa = gqa_nodes(graph)
     elem = next(i.type.tensor_type.elem_type for i in graph.input
                 if i.name == contract.past_key(0))
     dtype = helper.tensor_dtype_to_np_dtype(elem)
@@ -72,6 +82,8 @@ def append_tree_mask(path: Path) -> str:
         numpy_helper.from_array(np.array([1], np.int64), "tree.1"),
         numpy_helper.from_array(np.array([2], np.int64), "tree.2"),
         numpy_helper.from_array(np.array([3], np.int64), "tree.3"),
+        numpy_helper.from_array(np.array(0, np.int64), "tree.zero_s"),
+        numpy_helper.from_array(np.array(1, np.int64), "tree.one_s"),
     ])
     zero_value = helper.make_tensor("tree.pad_value", elem, [1], [0])
     nodes = [
@@ -106,8 +118,6 @@ def append_tree_mask(path: Path) -> str:
     if windows:
         nodes += [
             helper.make_node("Squeeze", ["tree.past", "tree.0"], ["tree.past_s"]),
-            helper.make_node("Squeeze", ["tree.1", "tree.0"], ["tree.one_s"]),
-            helper.make_node("Squeeze", ["tree.0", "tree.0"], ["tree.zero_s"]),
             helper.make_node("Range", ["tree.zero_s", "tree.past_s", "tree.one_s"],
                              ["tree.committed"]),                                 # (P,)
             helper.make_node("Unsqueeze", ["tree.committed", "tree.0"], ["tree.committed2"]),
@@ -133,11 +143,11 @@ def append_tree_mask(path: Path) -> str:
     for offset, node in enumerate(nodes):      # first: they read graph inputs only
         graph.node.insert(offset, node)
     for node in gqa:
-        inputs = list(node.input) + [""] * max(0, _BIAS_INPUT + 1 - len(node.input))
-        inputs[5], inputs[6] = "tree.seqlens_k", "tree.total_len"
+        inputs = list(node.input) + [""] * max(0, BIAS + 1 - len(node.input))
+        inputs[SEQLENS], inputs[TOTAL] = "tree.seqlens_k", "tree.total_len"
         window = _window(node)
-        inputs[_POSITION_INPUT] = contract.POSITION_IDS
-        inputs[_BIAS_INPUT] = f"tree.bias_w{window}" if window > 0 else "tree.bias"
+        inputs[POSITIONS] = contract.POSITION_IDS
+        inputs[BIAS] = f"tree.bias_w{window}" if window > 0 else "tree.bias"
         del node.input[:]
         node.input.extend(inputs)
         if window > 0:

@@ -31,14 +31,11 @@ import numpy as np
 import onnx
 from ssd_runtime import contract
 
-_GQA = "GroupQueryAttention"
+from .tree_input import (BIAS, COS, POSITIONS, SEQLENS, SIN, TOTAL, gqa_nodes,
+                         int_attribute)
+
 _QUERY, _KEY, _VALUE = 0, 1, 2
-_SEQLENS, _TOTAL, _COS, _SIN, _POSITIONS, _BIAS = 5, 6, 7, 8, 9, 10
 SPARE_ROWS = 1          # the dummy row's cache row at the context's last position
-
-
-def _attr(node: onnx.NodeProto, name: str, default: int = 0) -> int:
-    return next((a.i for a in node.attribute if a.name == name), default)
 
 
 def give_two_rows(path: Path) -> bool:
@@ -48,7 +45,7 @@ def give_two_rows(path: Path) -> bool:
 
     model = onnx.load(str(path), load_external_data=False)
     graph = model.graph
-    gqa = [n for n in graph.node if n.op_type == _GQA and n.domain == "com.microsoft"]
+    gqa = gqa_nodes(graph)
     if not gqa or any("two.t" in n.input for n in graph.node):
         return False
     kv = next(i for i in graph.input if i.name == contract.past_key(0))
@@ -100,8 +97,8 @@ def give_two_rows(path: Path) -> bool:
     around: dict[int, tuple[list[onnx.NodeProto], onnx.NodeProto]] = {}
     for node in gqa:
         at = index[id(node)]
-        inputs = list(node.input) + [""] * max(0, _BIAS + 1 - len(node.input))
-        heads, kv_heads = _attr(node, "num_heads"), _attr(node, "kv_num_heads")
+        inputs = list(node.input) + [""] * max(0, BIAS + 1 - len(node.input))
+        heads, kv_heads = (int_attribute(node, n, 0) for n in ("num_heads", "kv_num_heads"))
         packed = not inputs[_KEY]
         own: list[onnx.NodeProto] = []
         for slot in (_QUERY,) if packed else (_QUERY, _KEY, _VALUE):
@@ -111,29 +108,30 @@ def give_two_rows(path: Path) -> bool:
             own.append(helper.make_node("Concat", [inputs[slot], pad],
                                         [f"{inputs[slot]}.two"], axis=1))
             inputs[slot] = f"{inputs[slot]}.two"
-        seqlens, total = inputs[_SEQLENS], inputs[_TOTAL]
-        inputs[_SEQLENS] = once("seqlens", seqlens, at, lambda name: [
+        seqlens, total = inputs[SEQLENS], inputs[TOTAL]
+        inputs[SEQLENS] = once("seqlens", seqlens, at, lambda name: [
             helper.make_node("Add", [seqlens, "two.z32"], [name])])
-        inputs[_TOTAL] = once("total", total, at, lambda name: [
+        inputs[TOTAL] = once("total", total, at, lambda name: [
             helper.make_node("Add", [total, "two.z32s"], [name])])
-        if _attr(node, "do_rotary") or inputs[_POSITIONS]:   # the dummy at the last position
-            source = inputs[_POSITIONS] or contract.POSITION_IDS
-            inputs[_POSITIONS] = once("positions", source, at, lambda name: [
+        # where the kernel reads positions, the dummy sits at the last real one
+        if int_attribute(node, "do_rotary", 0) or inputs[POSITIONS]:
+            source = inputs[POSITIONS] or contract.POSITION_IDS
+            inputs[POSITIONS] = once("positions", source, at, lambda name: [
                 helper.make_node("Slice", [source, "two.-1", "two.end", "two.1"],
                                  [f"{name}.last"]),                              # (B, 1)
                 helper.make_node("Concat", ["two.b", "two.z"], [f"{name}.shape"], axis=0),
                 helper.make_node("Expand", [f"{name}.last", f"{name}.shape"], [f"{name}.pad"]),
                 helper.make_node("Concat", [source, f"{name}.pad"], [name], axis=1)])
-        for slot in (_COS, _SIN):           # the kernel wants total_sequence_length rows
+        for slot in (COS, SIN):           # the kernel wants total_sequence_length rows
             if inputs[slot]:
                 table = inputs[slot]
                 inputs[slot] = once("table", table, at, lambda name: [
                     helper.make_node("Slice", [table, "two.-1", "two.end", "two.0"],
                                      [f"{name}.last"]),
                     helper.make_node("Concat", [table, f"{name}.last"], [name], axis=0)])
-        if inputs[_BIAS]:
-            bias = inputs[_BIAS]
-            inputs[_BIAS] = once("bias", bias, at, lambda name: [
+        if inputs[BIAS]:
+            bias = inputs[BIAS]
+            inputs[BIAS] = once("bias", bias, at, lambda name: [
                 helper.make_node("Pad", [bias, "two.pads"], [name])])
         while not inputs[-1]:
             inputs.pop()

@@ -262,16 +262,17 @@ def ours_variants(bundle: Path, threads: int, ks: list[int | str]) -> list[Varia
     return [variant(k) for k in [0, *ks]]
 
 
-_labels: dict[str, Path] = {}     # an ours label -> the bundle that took it first
-
-
-def named_apart(bundle: Path, threads: int, ks: list[int | str]) -> list[Variant]:
-    """ours_variants, a bundle whose labels another bundle took first named by its folder
-    too (two bundles of one flavour and precision, e.g. before and after a change)."""
-    variants = ours_variants(bundle, threads, ks)
-    for v in variants:
-        if _labels.setdefault(v.config, bundle) != bundle:
-            v.config = f"{v.config} [{bundle.name}]"
+def named_apart(bundles: list[Path], threads: int, ks: list[int | str]) -> list[Variant]:
+    """ours_variants of each bundle, one whose labels an earlier bundle took named by its
+    folder too (two bundles of one flavour and precision, e.g. before and after a change)."""
+    taken: set[str] = set()
+    variants = []
+    for bundle in bundles:
+        for v in ours_variants(bundle, threads, ks):
+            if v.config in taken:
+                v.config = f"{v.config} [{bundle.name}]"
+            taken.add(v.config)
+            variants.append(v)
     return variants
 
 
@@ -721,7 +722,7 @@ def main(argv: list[str] | None = None) -> int:
     for t in threads:
         print(f"threads {t}: {len(prompts)} prompts x {args.max_new_tokens} new tokens "
               f"x {args.repeats}", flush=True)
-        variants = [v for b in bundles if "ours" not in skip for v in named_apart(b, t, ks)] + \
+        variants = (named_apart(bundles, t, ks) if "ours" not in skip else []) + \
             (hf_variants(*hf, t) if hf else []) + \
             (llamacpp_variants(llama, t, llama_targets, llama_spec, llama_ks, target)
              if llama else [])

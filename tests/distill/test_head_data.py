@@ -242,8 +242,8 @@ def test_budgets_parse_and_plans_fill_them():
     held = make_plan(3600, 100, rates, 400_000, 0, None, None)    # more than it can train twice
     assert held.new_positions == 0 and held.epochs < 2
     # a target slow to answer trains its fewer answers more often: training a position takes
-    # as long as writing it (1/25 + 1.5/400 s against a pass at the rate realised, 0.78 of the
-    # probe's 100 a second), up to 4 passes
+    # as long as writing it (1/25 + 1.5/400 s against a pass at the rate realised,
+    # TRAIN_REALISED of the probe's 100 a second), up to 4 passes
     slow = make_plan(3600, 100, replace(rates, answer=25), 0, 0, None, None)
     assert slow.epochs == pytest.approx(100 * TRAIN_REALISED * (1 / 25 + 1.5 / 400))
     assert slow.train_s == pytest.approx(slow.answer_s + slow.feature_s, rel=1e-6)
