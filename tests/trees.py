@@ -122,3 +122,36 @@ def assert_auto_drafts_the_trees_it_prices(gen, prompts, sampling: dict, monkeyp
                                **sampling)
             assert res.token_ids == alone
             assert (res.stats.tree_rounds > 0) == trees, (later, res.stats.tree_rounds)
+
+
+def assert_a_batch_drafts_the_trees_it_prices(gen, prompts, sampling: dict, monkeypatch) -> None:
+    """k="auto" over a batch (design §6 "Trees"): the planner prices every row's tree in the
+    batch's one call (tree_plan.plan_batch_for; here a cheap draft and a flat verification of
+    any width), and where the first guess seldom passes but the second often does, each row
+    grows its tree along its chain in the batch's draft steps (tree_draft.ChainTree); every
+    prompt's output is the target's alone (greedy; seeded sampling). Where later guesses never
+    pass, the same batch drafts no tree. (The guard, which judges drafting by the rounds' own
+    times, is left out: the prices are the test's.)"""
+    from ssd_runtime.scheduler.batch_cost import BatchCost, Realized
+
+    knowledge = gen.knowledge
+    kind = "invariant" if sampling else "greedy"
+    flat = ((1, 1e-3), (17, 1.01e-3))
+    one = CostModel(1.0, 0.05, tuple(1.0 + 0.01 * k for k in range(gen.manifest.max_draft + 1)))
+    assert knowledge.draft_trees and gen.max_batch >= len(prompts)
+    monkeypatch.setattr(Realized, "decide", lambda self, k: k)
+    monkeypatch.setattr(knowledge, "cost", one)          # (a row left alone plans its own)
+    alone = [gen.generate(p, max_new_tokens=20, k=0, **sampling).token_ids for p in prompts]
+    for later, trees in ((0.6, True), (0.0, False)):
+        monkeypatch.setattr(knowledge, "times", {})
+        monkeypatch.setattr(knowledge, "batch_costs",
+                            {r: BatchCost(r, 1e-5, flat) for r in range(1, 9)})
+        monkeypatch.setattr(knowledge, "live_costs", {})
+        monkeypatch.setattr(knowledge, "draft_prefill", 0.0)
+        monkeypatch.setattr(knowledge, "learnt", {kind: Acceptance.starting_at(0.15)})
+        monkeypatch.setattr(knowledge, "trees", {kind: known([0.15, later])})
+        results = gen.generate_batch(prompts, max_new_tokens=20, k="auto",
+                                     draft_source="model", **sampling)
+        assert [r.token_ids for r in results] == alone, later
+        rounds = [r.stats.tree_rounds for r in results]
+        assert all(rounds) if trees else not any(rounds), (later, rounds)

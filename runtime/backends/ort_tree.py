@@ -126,6 +126,7 @@ class OrtTreeMixin:
         live = int(past_lens.max()) + T
         if rows is not None:                      # the ort target's rows graph (design §11)
             rows.run(B, T, live, trees=True)
+            self._pass_aux(B, T, past_lens, real)
         else:                                     # a static or standard target
             if self.in_place:
                 self._bind_caches(0, B)
@@ -142,4 +143,5 @@ class OrtTreeMixin:
             self._run_bound()
             if not self.in_place:                 # node i's rows at past_lens[b] + i
                 self._keep_new_rows(B, T, past_lens, real)
+            self._pass_aux(B, T, past_lens, real)  # a head's features, node i at row i
         return self._rows_logits(B, T)

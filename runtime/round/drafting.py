@@ -25,7 +25,7 @@ from ..backends.base import ModelSession
 from .lookup import Lookup, lookup_tree
 from .rules import Rule
 from .tree import Tree
-from .tree_draft import TreeShape, expand
+from .tree_draft import ChainTree, TreeShape, expand
 
 
 class Schedule(Protocol):
@@ -100,6 +100,11 @@ class Drafter:
         # round's, where lookup offered several continuations, else None
         self.tree_nodes = 0
         self.tree: Tree | None = None
+        # a batch's row (set by the loop each round): a tree of one expanded node a level
+        # grows along its chain in the batch's draft steps (`growth`, Loop._draft) instead of
+        # one draft call per node of its own (node_step)
+        self.grows = False
+        self.growth: ChainTree | None = None
         target_vocab, draft_vocab = vocab or (0, 0)
         self.cut = target_vocab if draft_vocab > target_vocab else None   # draft rows to keep
         self.unknown = draft_vocab if target_vocab > draft_vocab else None   # ids to replace
@@ -158,7 +163,7 @@ class Drafter:
         schedule's cap on model tokens."""
         self.from_lookup = self.from_prediction = self.from_earlier = self.from_carried = 0
         self.synced = True
-        self.tree = None
+        self.tree, self.growth = None, None
         schedule = self.schedule
         model = self.fed and not self.waits        # the draft model drafts this round
         forced = self.rule.forced(self.room)
@@ -210,29 +215,52 @@ class Drafter:
                     return found[:taken], [None] * taken, 0
                 return found[:taken], [None] * taken, k - taken
         left = max(0, min(k, schedule.model_cap)) if model else 0
-        if left and self.tree_nodes >= 3:
-            self.tree = self._draft_tree(seq, left)
-            if self.tree is not None:
-                self.synced = False                # the draft has not seen the path taken
-                return [], [], 0
+        shape, chance = self._tree_shape(left) if left and self.tree_nodes >= 3 else (None, None)
+        if shape is not None and self.grows and shape.beam == 1:
+            # a batch's row: its tree grows along its chain in the batch's draft steps
+            self.growth = ChainTree(seq[-1], shape, self.rule.draft_candidates, len(seq),
+                                    chance)
+            return [], [], shape.depth
+        if shape is not None:
+            self.tree = expand(seq[-1], self.node_step(seq), shape, self.rule.draft_candidates,
+                               len(seq), chance=chance).tree
+            self.synced = False                    # the draft has not seen the path taken
+            return [], [], 0
         return [], [], left
 
-    def _draft_tree(self, seq: list[int], left: int) -> Tree | None:
-        """This round's tree of model drafts (tree_draft.expand over node_step), where the
-        schedule plans one or a shape is set; else None (a chain)."""
+    def _tree_shape(self, left: int):
+        """This round's tree shape of model drafts and the chance its nodes are kept by, where
+        the schedule plans one or a shape is set; else (None, None): a chain."""
         shape, chance = self.tree_shape, None
         if shape is None:
             plan = self.schedule.planned_tree()
             if plan is None:
-                return None
+                return None, None
             shape = TreeShape(plan.nodes, plan.width, plan.depth, plan.beam)
             chance = self.schedule.tree.chance  # nodes kept by their learnt chance: the plan's
         nodes = min(self.tree_nodes, shape.nodes)
         if nodes < 3:
-            return None
-        shape = TreeShape(nodes, shape.width, min(shape.depth, left), shape.beam)
-        return expand(seq[-1], self.node_step(seq), shape, self.rule.draft_candidates,
-                      len(seq), chance=chance).tree
+            return None, None
+        return TreeShape(nodes, shape.width, min(shape.depth, left), shape.beam), chance
+
+    def grown(self, drafts: list[int]) -> None:
+        """The batch's draft steps have grown this row's tree (`growth`, whose chain is
+        `drafts`): it is the round's tree. The draft fed the chain's tokens but the last; its
+        rows stay valid as far as they hold the tree's first path (the rerank may cut the
+        chain), as a chain's rows stay valid as far as the target accepts."""
+        growth, self.growth = self.growth, None
+        tree = growth.result().tree
+        first = []
+        node = 0
+        while kids := tree.children(node):
+            node = kids[0]
+            first.append(int(tree.tokens[node]))
+        fed = drafts[:growth.rows - 1]              # each call after the first fed one
+        same = next((i for i, (a, b) in enumerate(zip(fed, first)) if a != b),
+                    min(len(fed), len(first)))
+        self.draft_len -= len(fed) - same
+        self.tree = tree if len(tree) > 1 else None
+        self.synced = False
 
     def node_step(self, seq: list[int]):
         """tree_draft.expand's `step` for a draft graph without a tree input (design §4,

@@ -197,13 +197,15 @@ class Loop:
                 # drafts as asked)
                 behind = len(row.seq) - 1 - row.drafter.draft_len
                 row.drafter.waits = behind > room or behind > FREE_CATCH_UP and not row.dry
-            # (beside a head, a row alone: a batch's tree call does not hand the head's
-            # features back by row: design §14)
             row.drafter.tree_nodes = min(self.tree_nodes, most - row.target_len if one
-                                         else most + 1) \
-                if one or getattr(self.target, "on_aux", None) is None else 0
+                                         else most + 1)
+            row.drafter.grows = not one          # a batch's trees grow in its draft steps
             row.drafts, row.probs, row.left = row.drafter.start(row.seq, row.k)
         steps = self._draft(rows, span)
+        for row in rows:
+            if row.drafter.growth is not None:   # the tree stands in for the chain
+                row.drafter.grown(row.drafts)
+                row.drafts, row.probs = [], []
         t1 = perf_counter()
         for row in rows:
             row.drafter.bet(row.drafts)          # split mode: the draft works on (§7)
@@ -290,6 +292,16 @@ class Loop:
                 if drafter.cut is not None:          # propose only ids the target has
                     logits = np.asarray(logits[-1])[None, :drafter.cut]
                     top = top if top is not None and top[0] < drafter.cut else None
+                growth = drafter.growth
+                if growth is not None:               # a batch row's tree (design §4 "Trees")
+                    token = growth.add(np.asarray(logits[-1]))
+                    row.left -= 1
+                    if token is not None:
+                        row.drafts.append(token)
+                        row.feed = [token]
+                        if row.left:
+                            drafting.append(row)
+                    continue
                 token, q = row.rule.draft_pick(logits, drafter.draft_len, top, row.drafts)
                 row.drafts.append(token)
                 row.probs.append(q)

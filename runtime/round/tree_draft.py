@@ -112,6 +112,13 @@ def expand(root: int, step: Callable[[Tree, list[int]], np.ndarray], shape: Tree
                 probs.append(q)
                 new.append(len(tokens) - 1)
         frontier = sorted(new, key=lambda i: -values[i])[:shape.beam]
+    return _kept(tokens, parents, depth, values, probs, budget, sampled)
+
+
+def _kept(tokens: list[int], parents: list[int], depth: list[int], values: list[float],
+          probs: list, budget: int, sampled: bool) -> DraftTree:
+    """The drafted nodes cut to `budget` by value (deterministic candidates: EAGLE-2's
+    rerank, parents first), first path first (first_path_first)."""
     keep = list(range(len(tokens)))
     if not sampled and len(tokens) - 1 > budget:      # rerank: the budget's best, parents first
         best = sorted(range(1, len(tokens)), key=lambda i: (-values[i], depth[i], i))[:budget]
@@ -120,6 +127,67 @@ def expand(root: int, step: Callable[[Tree, list[int]], np.ndarray], shape: Tree
     index = {old: new for new, old in enumerate(keep)}
     tree = Tree([tokens[i] for i in keep], [-1, *(index[parents[i]] for i in keep[1:])])
     return DraftTree(tree, [probs[i] for i in keep[1:]], np.array([values[i] for i in keep]))
+
+
+class ChainTree:
+    """A tree of one expanded node per level grown along the draft's chain (a `beam` of 1,
+    deterministic candidates): each step takes the last chain token's row of logits, keeps
+    its `width` best candidates (`pick`, point masses) and continues the chain with the first
+    of them, the others leaves. A batch's rows grow theirs in the batch's own draft steps, one
+    call a level for all rows, the rows each feeding their chain token as a chain's step does
+    (Loop._draft; design §4 "Trees"): a row's draft rows are its chain's. `result` keeps the
+    nodes as `expand` does (the same values, the rerank to `shape.nodes`, the first path
+    first); `expand` with a beam of 1 grows the same tree where each level's first candidate
+    has its highest value (q's top-m; a learnt chance may rank a later one above it, which
+    `expand` would expand instead). The batch's plan prices this shape
+    (tree_plan.best_nodes, `first_path`)."""
+
+    def __init__(self, root: int, shape: TreeShape, pick: Pick, position: int,
+                 chance: Callable[[float, int, int], float] | None = None) -> None:
+        self.shape, self.pick, self.position, self.chance = shape, pick, position, chance
+        self.tokens, self.parents, self.depth = [int(root)], [-1], [0]
+        self.values, self.probs = [1.0], [None]
+        self.last = 0                                 # the chain's node the next row is of
+        self.rows = 0                                 # rows of logits taken (draft calls)
+
+    @property
+    def levels(self) -> int:
+        """Levels grown so far (draft tokens on the chain)."""
+        return self.depth[self.last]
+
+    def add(self, row: np.ndarray) -> int | None:
+        """The next level from the chain's last node's row of logits (vocab,): its candidates;
+        returns the first (the chain's next token, which the next step feeds), None where
+        there is none (a grammar that allows nothing there)."""
+        u, tokens = self.last, self.tokens
+        self.rows += 1
+        chosen, q_of, _ = self.pick(row, self.shape.width, self.position + self.depth[u],
+                                    [tokens[i] for i in self._path(u)], u, False)
+        if not len(chosen):
+            return None
+        for rank, (t, v) in enumerate(zip(chosen, q_of)):
+            tokens.append(int(t))
+            self.parents.append(u)
+            self.depth.append(self.depth[u] + 1)
+            d = self.depth[u] + 1
+            factor = float(v) if self.chance is None else self.chance(float(v), d, rank)
+            self.values.append(self.values[u] * factor)
+            self.probs.append(None)
+            if rank == 0:
+                self.last = len(tokens) - 1
+        return tokens[self.last]
+
+    def _path(self, u: int) -> list[int]:
+        """Node indices after the root up to u."""
+        out = []
+        while u > 0:
+            out.append(u)
+            u = self.parents[u]
+        return out[::-1]
+
+    def result(self) -> DraftTree:
+        return _kept(self.tokens, self.parents, self.depth, self.values, self.probs,
+                     self.shape.nodes - 1, False)
 
 
 def first_path_first(keep: list[int], parents: list[int]) -> list[int]:

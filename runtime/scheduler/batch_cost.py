@@ -257,6 +257,15 @@ def gain_per_token(sequences: list[tuple[float, int | None]], cost: BatchCost | 
     return float(per_token[0] - per_token.min())
 
 
+def speedup(sequences: list[tuple[float, int | None]], cost: BatchCost | LiveCost,
+            max_k: int, k: int) -> float:
+    """The batch's expected tokens per second at k over those at k = 0 (`sequences` as
+    best_k's): what the batch's chains promise, against which its trees are priced
+    (planner.Planner._trees)."""
+    rate = _tokens(sequences, max_k) / cost.round_times(max_k)
+    return float(rate[k] / rate[0])
+
+
 def fed(rows: list[tuple[float, int | None, int, int]], cost: LiveCost,
         max_k: int) -> list[bool]:
     """Which rows the draft model drafts for (plan's second half)."""

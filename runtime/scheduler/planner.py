@@ -32,12 +32,13 @@ from .. import cache
 from ..round.loop import Loop, Row
 from ..round.lookup import (EARLIER, EARLIER_PRIOR, MAX_NGRAM, MODEL_FREE, PREDICTION_PRIOR,
                             SUFFIX_SHORT)
-from .batch_cost import TIMED_S, BatchCost, LiveCost, Realized, measure, measure_prefill, plan
+from .batch_cost import (TIMED_S, BatchCost, LiveCost, Realized, measure, measure_prefill, plan,
+                         speedup)
 from .calibration import calibrate
 from .cost import CostModel
 from .learning import Acceptance, Sources
 from .schedule import AdaptiveK, FixedK, RoundTimes
-from .tree_plan import TreeAcceptance
+from .tree_plan import TreeAcceptance, TreePlan, plan_batch_for
 
 if TYPE_CHECKING:
     from ..backends.base import ModelSession
@@ -108,9 +109,10 @@ class Knowledge:
         if mode not in self.times:
             self.times[mode] = RoundTimes.from_cost(cost, self.max_draft)
         learnt = self.acceptance(kind).carried() if own else self.acceptance(kind)
-        # a row alone plans the draft's trees (a batch's rows draft chains: design §6)
+        # the draft's trees: a row alone plans its own, a batch's are the batch's plan
+        # (Planner.plan; design §6 "Trees"); what they teach is shared across rows
         tree = self.trees.setdefault(kind, TreeAcceptance(alpha=learnt.alpha)) \
-            if self.draft_trees and not own and source not in MODEL_FREE else None
+            if self.draft_trees and source not in MODEL_FREE else None
         return AdaptiveK(cost, self.max_draft, learnt, self.times[mode],
                          lookup=None if source == "model" and not predicted else lookup,
                          model=source not in MODEL_FREE, tree=tree,
@@ -198,7 +200,7 @@ class Planner:
     def __init__(self, knowledge: Knowledge, k: int | str, slots: int, lengths: Lengths) -> None:
         self.knowledge, self.k, self.slots, self.lengths = knowledge, k, slots, lengths
         self.cap: int | None = None              # this round's cap on k (None: none)
-        self._planned: tuple = ()                # ((prices, rows), alphas, k) of the last plan
+        self._planned: tuple = ()   # ((prices, rows), alphas, (k, trees), shapes): the last
         self._plan_rounds = 0                    # rounds left before it is made again
         self._plan_every = REPLAN_EVERY          # ... of how many it stands in all
 
@@ -244,20 +246,53 @@ class Planner:
         if self._planned and self._planned[0] == key and self._plan_rounds > 0 and \
                 max(abs(a - b) for a, b in zip(alphas, self._planned[1])) <= REPLAN_ALPHA:
             self._plan_rounds -= 1
-            k = self._planned[2]
+            k, trees = self._planned[2]
         else:
             max_context = self.knowledge.target.max_context
-            k, feeding = plan([(alpha, row.cap, row.room(max_context), _behind(row))
-                               for alpha, row in zip(alphas, rows)], live,
-                              self.knowledge.max_draft)
+            chains = [(alpha, row.cap, row.room(max_context), _behind(row))
+                      for alpha, row in zip(alphas, rows)]
+            k, feeding = plan(chains, live, self.knowledge.max_draft)
             for row, feed in zip(rows, feeding):
                 row.drafter.fed = feed
-            same = bool(self._planned) and self._planned[0] == key and self._planned[2] == k
+            trees = self._trees(rows, live, k, [(a, c if f else 0) for (a, c, _, _), f
+                                                 in zip(chains, feeding)])
+            shapes = (k, [t and (t.nodes, t.width, t.depth) for t in trees])
+            same = bool(self._planned) and self._planned[0] == key and \
+                self._planned[3] == shapes
             self._plan_every = min(2 * self._plan_every, REPLAN_LONGEST) if same \
                 else REPLAN_EVERY
-            self._planned, self._plan_rounds = (key, alphas, k), self._plan_every - 1
-        self.cap = None if len(rows) == 1 else k
+            self._planned = (key, alphas, (k, trees), shapes)
+            self._plan_rounds = self._plan_every - 1
+        alone = len(rows) == 1
+        for row, tree in zip(rows, trees):
+            if isinstance(row.schedule, AdaptiveK):
+                row.schedule.batch_tree(tree, not alone)
+        depths = [t.depth for t in trees if t is not None]
+        self.cap = None if alone else max(k, *depths) if depths else k
         return self.cap
+
+    def _trees(self, rows: Sequence[Row], live: LiveCost, k: int,
+               chains: list[tuple[float, int | None]]) -> list[TreePlan | None]:
+        """Each row's tree where the batch's trees beat its chains (design §6 "Trees"): every
+        row drafting with the model its own tree, grown along its chain (tree_draft.ChainTree),
+        all in one verification whose price is the call's total rows (tree_plan.plan_batch_for,
+        the draft's acceptance by depth and rank); the chains' speed-up at the batch's k is
+        batch_cost.speedup's. None each where a chain pays as much (a row alone plans its own)."""
+        knowledge = self.knowledge
+        none = [None] * len(rows)
+        if len(rows) == 1 or not knowledge.draft_trees:
+            return none
+        accs = [row.schedule.tree if row.drafter.fed and getattr(row.schedule, "model", False)
+                and getattr(row.schedule, "tree", None) is not None and row.cap is None
+                else None for row in rows]
+        if not any(acc is not None for acc in accs):
+            return none
+        width, plans = plan_batch_for(accs, live, knowledge.max_draft + 1)
+        best = next((p.speedup for p in plans if p is not None), 1.0)
+        if width < 3 or best <= speedup(chains, live, knowledge.max_draft, k):
+            return none
+        return [p if p is not None and not p.is_chain and p.nodes >= 3 else None
+                for p in plans]
 
     def feeds_drafts(self, rows: int) -> bool:
         """Whether a prefill this round also feeds the drafts: not where the batch runs at
@@ -282,7 +317,8 @@ class Planner:
         draft_s, calls, verify_s, width = loop.last
         if self.pricing and len(rows) > 1:
             # a round of k = 0 may verify forced tokens (design §4): it drafted none
-            drafted = any(len(row.drafts) > len(row.drafter.forced_at) for row in rows)
+            drafted = any(len(row.drafts) > len(row.drafter.forced_at)
+                          or row.drafter.tree is not None for row in rows)
             self.knowledge.realized[len(rows)].observe(
                 drafted, sum(map(len, emitted)), seconds - sum(s for _, s in loop.caught_up))
         live = self.knowledge.priced(span, self.lengths)

@@ -193,6 +193,8 @@ class AdaptiveK:
     _tree: TreePlan | None = None             # the plan's tree, where one beats every chain
     _tree_round: bool = False     # this round drafts that tree
     _tree_age: int = TREE_REPLAN  # rounds since the tree was planned
+    _batched: bool = False        # a row of a batch of several: the batch plans its tree
+    _batch_tree: TreePlan | None = None       # ... this round's (Planner.plan)
 
     def __post_init__(self) -> None:
         if self.times is None:
@@ -222,7 +224,8 @@ class AdaptiveK:
             seconds = self.times.seconds
             best = self._plan[0]
             self._plan_rate = expected_tokens(alpha, best) / seconds[best]
-            if self.tree is not None and self.model and self._tree_age >= TREE_REPLAN:
+            if self.tree is not None and self.model and self._tree_age >= TREE_REPLAN \
+                    and not self._batched:
                 tree = plan_for(self.tree, self.cost, self.tree_nodes, "nodes")
                 self._tree, self._tree_age = None if tree.is_chain or tree.nodes < 3 else tree, 0
             # a probe can change the plan only where some α would make drafting pay: a draft
@@ -237,7 +240,7 @@ class AdaptiveK:
         # are worth their time and knows more than α does (each token's confidence), so a
         # round may run to max_k; none is drafted when not even one token pays at this α.
         # Lookup tokens are judged when one is found (take_lookup), so their cap stays.
-        k = self.max_k if self._plan[0] or self._tree is not None else 0
+        k = self.max_k if self._plan[0] or self._planned() is not None else 0
         self._probe, self._tree_round = False, False
         if k or not self.model:
             self._idle = 0
@@ -340,10 +343,20 @@ class AdaptiveK:
     def planned_tree(self) -> TreePlan | None:
         """The tree this round drafts instead of a chain, where the plan has one (asked by a
         drafter that can draft it, once it has no lookup or forced tokens to verify)."""
-        if self._tree is None or self._probe:
+        tree = self._planned()
+        if tree is None or self._probe:
             return None
         self._tree_round = True
-        return self._tree
+        return tree
+
+    def batch_tree(self, plan: TreePlan | None, batched: bool = True) -> None:
+        """Set each round by a batch's planner (planner.Planner.plan): where the row has
+        neighbours (`batched`), its tree is the batch's plan for it (None: a chain), priced
+        over the batch's call (tree_plan.plan_batch_for); alone, its own plan again."""
+        self._batched, self._batch_tree = batched, plan
+
+    def _planned(self) -> TreePlan | None:
+        return self._batch_tree if self._batched else self._tree
 
     def observe_tree(self, tree, path: list[int]) -> None:
         """A tree round's verdict (tree_round.judge): the planned tree's nodes teach the

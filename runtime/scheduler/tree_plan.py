@@ -105,11 +105,12 @@ class TreePlan:
         return self.width <= 1
 
 
-def best_nodes(acc: TreeAcceptance, limit: int, max_depth: int, max_width: int
-               ) -> list[tuple[float, int, int, int]]:
+def best_nodes(acc: TreeAcceptance, limit: int, max_depth: int, max_width: int,
+               first_path: bool = False) -> list[tuple[float, int, int, int]]:
     """The `limit` nodes of highest P(accepted) in the tree of every candidate (depth up to
     max_depth, rank below max_width), best first: (P, depth, rank, parent's index in this
-    list, -1 for the root)."""
+    list, -1 for the root). `first_path`: only the first candidates' chain has children (a
+    batch row's tree, tree_draft.ChainTree)."""
     out: list[tuple[float, int, int, int]] = []
     # heap of (-P, tie, depth, rank, parent, P(parent), P(ranks < rank all rejected))
     heap = [(-acc.rate(1, 0), 0, 1, 0, -1, 1.0, 1.0)] if max_depth and max_width else []
@@ -123,7 +124,7 @@ def best_nodes(acc: TreeAcceptance, limit: int, max_depth: int, max_width: int
             heapq.heappush(heap, (-p_parent * left * acc.rate(d, r + 1), tie, d, r + 1, parent,
                                   p_parent, left))
             tie += 1
-        if d < max_depth:                               # its first child
+        if d < max_depth and not (first_path and r):    # its first child
             heapq.heappush(heap, (neg * acc.rate(d + 1, 0), tie, d + 1, 0, me, -neg, 1.0))
             tie += 1
     return out
@@ -170,42 +171,51 @@ def plan_for(acc: TreeAcceptance, cost: CostModel, max_nodes: int,
                      draft_calls=draft_calls)
 
 
-def plan_batch(accs: Sequence[TreeAcceptance], verify: Callable[[int], float], c_first: float,
-               c: float, max_nodes: int, max_depth: int = 8, max_width: int = 4
-               ) -> tuple[int, list[TreePlan]]:
+def plan_batch(accs: Sequence[TreeAcceptance | None], verify: Callable[[int], float],
+               c_first: float, c: float, max_nodes: int, max_depth: int = 8,
+               max_width: int = 4, first_path: bool = True) -> tuple[int, list[TreePlan]]:
     """A batch's trees: every row its own tree of up to W nodes in one call of
     len(accs) × W rows (its rows padded to the widest), `verify(W)` that call's price in
-    target steps of the batch's one-token call (verify(1) = 1). Returns the W of highest
-    batch speed-up (1: k = 0) and each row's plan at that W."""
-    best_w, best_rate, plans = 1, 1.0, [TreePlan(1, 1, 0, 1, 0.0, 1.0) for _ in accs]
+    target steps of the batch's one-token call (verify(1) = 1), the draft's levels one call
+    each for all rows (c₁, then c). A row of None drafts no tree (its token a round: the
+    target's). `first_path`: each row's tree grows along its chain (tree_draft.ChainTree, as
+    a batch's rows draft them). Returns the W of highest batch speed-up over k = 0 (1: k = 0)
+    and each row's plan at that W (None where it drafts none)."""
+    none = TreePlan(1, 1, 0, 1, 0.0, 1.0)
+    best_w, best_rate, plans = 1, 1.0, [None if acc is None else none for acc in accs]
     for w in range(2, max_nodes + 1):
-        rows = [_fill(acc, w, max_depth, max_width) for acc in accs]
-        deepest = max(p.depth for p in rows)
+        rows = [None if acc is None else _fill(acc, w, max_depth, max_width, first_path)
+                for acc in accs]
+        deepest = max((p.depth for p in rows if p is not None), default=0)
         cost = (c_first + (deepest - 1) * c if deepest else 0.0) + verify(w)
-        rate = sum(1 + p.expected for p in rows) / cost / len(accs) * verify(1)
+        rate = sum(1 + (p.expected if p is not None else 0.0) for p in rows) / cost / \
+            len(accs) * verify(1)
         if rate > best_rate + 1e-12:
             best_w, best_rate = w, rate
-            plans = [replace(p, speedup=rate) for p in rows]
+            plans = [None if p is None else replace(p, speedup=rate) for p in rows]
     return best_w, plans
 
 
-def plan_batch_for(accs: Sequence[TreeAcceptance], cost: BatchCost | LiveCost,
-                   max_nodes: int, first_step: float | None = None, max_depth: int = 8,
-                   max_width: int = 4) -> tuple[int, list[TreePlan]]:
+def plan_batch_for(accs: Sequence[TreeAcceptance | None], cost: BatchCost | LiveCost,
+                   max_nodes: int, max_depth: int = 8, max_width: int = 4
+                   ) -> tuple[int, list[TreePlan | None]]:
     """plan_batch from a batch's prices (batch_cost.BatchCost or LiveCost, calls of this many
-    rows): V(B, W) over its one-token call, its draft step for each level (`first_step`: a
-    round's first, seconds; default the same)."""
+    rows): V(B, W) over its one-token call, its draft step for each level, the first with the
+    calls a round adds to it (LiveCost.extra_calls: a draft that feeds a row's pending token
+    and its last in two calls)."""
     one = cost.verify_time(1)
-    step = cost.cost.draft_step if isinstance(cost, LiveCost) else cost.draft_step
-    first = step if first_step is None else first_step
-    return plan_batch(accs, lambda w: cost.verify_time(w) / one, first / one, step / one,
+    step = cost.round_time(1) - cost.verify_time(2)        # a drafting round's draft calls
+    later = cost.cost.draft_step * cost.draft_factor if isinstance(cost, LiveCost) \
+        else cost.draft_step
+    return plan_batch(accs, lambda w: cost.verify_time(w) / one, step / one, later / one,
                       max_nodes, max_depth, max_width)
 
 
-def _fill(acc: TreeAcceptance, w: int, max_depth: int, max_width: int) -> TreePlan:
+def _fill(acc: TreeAcceptance, w: int, max_depth: int, max_width: int,
+          first_path: bool = False) -> TreePlan:
     """A row's best tree of w nodes (the call pays for them whether it fills them or not);
     its speed-up is the batch's, set by plan_batch."""
-    nodes = best_nodes(acc, w - 1, max_depth, max_width)
+    nodes = best_nodes(acc, w - 1, max_depth, max_width, first_path)
     if not nodes:
         return TreePlan(1, 1, 0, 1, 0.0, 1.0)
     return TreePlan(len(nodes) + 1, max(r for _, _, r, _ in nodes) + 1,

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import tiny
 from heads import assert_batch_drafts_as, head_row
-from trees import assert_auto_drafts_the_trees_it_prices
+from trees import (assert_a_batch_drafts_the_trees_it_prices,
+                   assert_auto_drafts_the_trees_it_prices)
 import torch
 from ssd_export import ExportConfig
 from ssd_graphs.eagle3 import aux_hidden, load_head
@@ -221,3 +222,36 @@ def test_a_tree_verdict_keeps_the_first_paths_features_and_carries_the_rest(gen)
     at = (past + np.arange(3)) % features.CAPACITY
     store = gen.features.rows
     np.testing.assert_allclose(store[0, at], store[2, at], rtol=1e-4, atol=1e-3)
+
+
+def test_a_batchs_head_trees_grow_along_the_heads_chain(gen, reference, monkeypatch):
+    """In a batch each row's tree grows along the head's chain in the batch's own draft steps
+    (tree_draft.ChainTree): round after round, every tree's first path is the PyTorch head's
+    drafts after the same tokens, so the batch's tree call handed each row's features back
+    by position (ort_tree.forward_rows_tree) and the head's rows past the root were its
+    chain's."""
+    monkeypatch.setattr(features.HeadDrafter, "tree_shape", TreeShape(7, 2, 3, 1))
+    rows = [head_row(gen, prompt, 3, slot) for slot, prompt in enumerate(PROMPTS)]
+    loop = Loop(gen.target, gen.draft)
+    trees = 0
+    for _ in range(3):
+        befores = [list(row.seq) for row in rows]
+        lengths = (np.array([row.target_len for row in rows], np.int64),
+                   np.array([row.drafter.draft_len for row in rows], np.int64))
+        loop.round(rows, lengths=lengths)
+        for row, before in zip(rows, befores):
+            tree = row.drafter.tree
+            if tree is None:                   # a round of the tree's carried path
+                assert row.drafter.from_carried
+                continue
+            trees += 1
+            assert len(tree) == 7 and not tree.is_chain()
+            first = [int(tree.tokens[u]) for u in range(1, 4)]
+            assert tree.parents[1:4].tolist() == [0, 1, 2]
+            assert first == reference(before, 3)
+    assert trees >= len(PROMPTS)
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.9, "seed": 3}])
+def test_a_batch_under_auto_drafts_the_head_trees_its_call_prices(gen, sampling, monkeypatch):
+    assert_a_batch_drafts_the_trees_it_prices(gen, PROMPTS, sampling, monkeypatch)

@@ -307,3 +307,28 @@ def test_sampled_trees_keep_a_node_for_each_level_below():
         drafted = expand(3, table_step(PROMPT), TreeShape(nodes, width, depth, 2),
                          SamplingAcceptance(params).draft_candidates, 2, sampled=True)
         assert len(drafted.tree) <= nodes and drafted.tree.depth.max() == depth
+
+
+@pytest.mark.parametrize("nodes,width,depth", [(7, 2, 3), (6, 3, 4), (9, 4, 2)])
+def test_a_chain_tree_grows_what_expand_does_with_a_beam_of_one(nodes, width, depth):
+    """tree_draft.ChainTree (a batch's rows, one draft call a level fed the chain's token):
+    fed the rows of its chain's nodes it keeps the tree `expand` drafts with a beam of one
+    where each level's first candidate is its likeliest (q's top-m), cut to the same budget;
+    its chain is the draft's greedy chain and each row it asked for is that chain's."""
+    from ssd_runtime.round.tree_draft import ChainTree
+
+    shape = TreeShape(nodes, width, depth, 1)
+    pick = GreedyAcceptance().draft_candidates
+    drafted = expand(3, table_step(PROMPT), shape, pick, 2)
+    grown = ChainTree(3, shape, pick, 2)
+    context = PROMPT
+    for level in range(depth):
+        token = grown.add(draft_logits(context))
+        assert token == int(np.argmax(draft_logits(context))) and grown.levels == level + 1
+        context += (token,)
+    assert grown.rows == depth
+    kept = grown.result()
+    assert kept.tree.tokens.tolist() == drafted.tree.tokens.tolist()
+    assert kept.tree.parents.tolist() == drafted.tree.parents.tolist()
+    np.testing.assert_allclose(kept.values, drafted.values)
+    assert kept.probs == [None] * (len(kept.tree) - 1)

@@ -215,3 +215,21 @@ def test_a_batch_plan_from_its_calls_prices():
     assert plan_batch_for(accs, LiveCost(dear), 16)[0] < wide
     w, _ = plan_batch_for(accs, cheap, 16)
     assert w == plan_batch(accs, lambda n: cheap.verify_time(n) / 0.010, 0.2, 0.2, 16)[0]
+
+
+def test_a_batch_rows_tree_has_children_under_its_first_guesses_only():
+    """A batch's row grows its tree along its chain (tree_draft.ChainTree): its plan's nodes
+    (best_nodes, first_path) have children only under rank-0 nodes whose ancestors are rank 0,
+    even where a later rank is likelier than the first (a weak first guess); without the
+    restriction the same acceptance would expand that rank."""
+    acc = learnt([[0.15, 0.6]])
+    free = best_nodes(acc, 12, 4, 3)
+    chained = best_nodes(acc, 12, 4, 3, first_path=True)
+    assert any(free[parent][2] > 0 for *_, parent in free if parent >= 0)
+    assert all(chained[parent][2] == 0 for *_, parent in chained if parent >= 0)
+    first = {-1}
+    for i, (_, _, r, parent) in enumerate(chained):
+        if r == 0 and parent in first:
+            first.add(i)
+    assert all(parent in first for *_, parent in chained)
+    assert sum(p for p, *_ in chained) < sum(p for p, *_ in free)   # the shape's price

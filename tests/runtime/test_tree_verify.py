@@ -14,7 +14,8 @@ from ssd_runtime.errors import BackendError, BundleError
 from ssd_runtime.manifest import read_manifest
 from ssd_runtime.round.lookup import lookup_tree
 from ssd_runtime.round.tree import Tree
-from trees import (PROMPT, assert_a_chain_through_the_tree_input_is_the_chain,
+from trees import (PROMPT, assert_a_batch_drafts_the_trees_it_prices,
+                   assert_a_chain_through_the_tree_input_is_the_chain,
                    assert_a_tree_past_the_width_is_refused, assert_auto_drafts_the_trees_it_prices,
                    assert_the_first_paths_rows_are_a_chains, assert_nodes_see_their_paths,
                    prediction_trials)
@@ -304,3 +305,11 @@ def test_a_sliding_window_tree_node_sees_its_path_by_position(bundle_factory, ta
     a node at cache row past + i but position past + depth sees the keys its position's window
     holds, as its path run as a chain does (graphs/tree_input.py), on every branch."""
     assert_nodes_see_their_paths(_target(bundle_factory(target, f"{target}_cut")))
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.9, "seed": 3}])
+def test_a_batch_under_auto_drafts_the_trees_its_call_prices(tree_bundle, sampling, monkeypatch):
+    """A draft model's trees in a batch of four (Planner._trees, tree_draft.ChainTree)."""
+    gen = Generator.load(tree_bundle, backend="cpu", threads=1, max_batch=4)
+    prompts = [PROMPT, [5, 9, 14, 3, 22, 7], [40, 2, 2, 17, 250, 31], [8, 8, 1, 90, 12]]
+    assert_a_batch_drafts_the_trees_it_prices(gen, prompts, sampling, monkeypatch)
