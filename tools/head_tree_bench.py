@@ -4,6 +4,7 @@ the loop, side by side, alternated, greedy, every answer checked against k = 0.
     python tools/head_tree_bench.py BUNDLE [--prompts tools/data/exact_chat_prompts.jsonl]
                                    [--max-new-tokens 128] [--threads 2] [--repeat 1]
                                    [--modes k0,c1,c2,c3,t6x5x1x1@1,t8x3x2x2@2] [--json OUT]
+                                   [--batch B]
 
 BUNDLE: a target with an EAGLE-3 or MTP head (ssd-export --draft HEAD) or a draft model. A mode
 is `k0` (the target alone), `cK` (the draft's chain of K drafts a round, FixedK), `tNxWxDxB@K`
@@ -13,6 +14,10 @@ all with draft_source="model"; each auto mode on a Generator of its own (what k=
 carries over the prompts, as in a server, but not from one mode into another). Each prompt runs in every mode in turn, the first mode rotating,
 --repeat times. Reported per mode: decode tokens/s per request (median and range), tokens and
 accepted per round, nodes per round, partings from k = 0 (must be 0).
+
+`--batch B`: the prompts go in groups of B through generate_batch (Generators of max_batch B;
+a batch's rows grow their trees along their chains: a shape's beam must be 1), and a group's
+rate is its tokens over its wall time (prefills included): the batch's throughput.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 from ssd_runtime import Generator
@@ -51,11 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--modes", default=MODES)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--batch", type=int, default=1)
     args = ap.parse_args(argv)
     modes = args.modes.split(",")
     plans = {m: parse(m) for m in modes}
-    gen = Generator.load(args.bundle, backend="cpu", threads=(args.threads, args.threads))
-    gens = {m: Generator.load(args.bundle, backend="cpu", threads=(args.threads, args.threads))
+    threads, batch = (args.threads, args.threads), args.batch
+    gen = Generator.load(args.bundle, backend="cpu", threads=threads, max_batch=batch)
+    gens = {m: Generator.load(args.bundle, backend="cpu", threads=threads, max_batch=batch)
             if plans[m][0] == "auto" else gen for m in modes}
     for m in modes:
         if m == "autochain":
@@ -65,27 +73,43 @@ def main(argv: list[str] | None = None) -> int:
              for p in prompts]
     found = {m: {"rates": [], "tokens": 0, "rounds": 0, "accepted": 0, "nodes": 0,
                  "tree_rounds": 0, "partings": 0} for m in modes}
+    groups = [list(range(i, min(i + batch, len(prompts))))
+              for i in range(0, len(prompts), batch)]
     for rep in range(args.repeat):
-        for i, (p, want) in enumerate(zip(prompts, alone)):
+        for i, group in enumerate(groups):
             turn = (i + rep) % len(modes)
             for m in modes[turn:] + modes[:turn]:
                 k, shape = plans[m]
                 Drafter.tree_shape = shape
                 try:
-                    res = gens[m].generate(p, max_new_tokens=args.max_new_tokens, k=k,
-                                           draft_source="model")
+                    t0 = time.perf_counter()
+                    if batch > 1:
+                        results = gens[m].generate_batch(
+                            [prompts[j] for j in group], max_new_tokens=args.max_new_tokens,
+                            k=k, draft_source="model")
+                    else:
+                        results = [gens[m].generate(prompts[group[0]], k=k,
+                                                    max_new_tokens=args.max_new_tokens,
+                                                    draft_source="model")]
+                    wall = time.perf_counter() - t0
                 finally:
                     Drafter.tree_shape = None
-                st, row = res.stats, found[m]
-                row["rates"].append(st.new_tokens / st.seconds["decode"])
-                row["tokens"] += st.new_tokens
-                row["rounds"] += st.rounds
-                row["accepted"] += st.new_tokens - st.rounds
-                row["nodes"] += st.tree_nodes if st.tree_rounds else st.drafted
-                row["tree_rounds"] += st.tree_rounds
-                row["partings"] += res.token_ids != want
+                row = found[m]
+                if batch > 1:
+                    row["rates"].append(sum(r.stats.new_tokens for r in results) / wall)
+                for j, res in zip(group, results):
+                    st = res.stats
+                    if batch == 1:
+                        row["rates"].append(st.new_tokens / st.seconds["decode"])
+                    row["tokens"] += st.new_tokens
+                    row["rounds"] += st.rounds
+                    row["accepted"] += st.new_tokens - st.rounds
+                    row["nodes"] += st.tree_nodes if st.tree_rounds else st.drafted
+                    row["tree_rounds"] += st.tree_rounds
+                    row["partings"] += res.token_ids != alone[j]
     auto = gens["auto"].knowledge.trees.get("greedy") if "auto" in gens else None
-    report = {"bundle": args.bundle, "learnt_by_depth_rank": auto.as_dict() if auto else None, "prompts": len(prompts), "repeat": args.repeat,
+    report = {"bundle": args.bundle, "learnt_by_depth_rank": auto.as_dict() if auto else None,
+              "prompts": len(prompts), "repeat": args.repeat, "batch": batch,
               "max_new_tokens": args.max_new_tokens, "threads": args.threads, "modes": {}}
     base = statistics.median(found["k0"]["rates"]) if "k0" in found else None
     for m in modes:

@@ -43,3 +43,24 @@ def test_sampling_run(bundle_factory, tmp_path):
     data = json.loads(out.read_text())
     assert data["temperature"] == 1 and data["sampled"]
     assert all(r["rounds"] > 0 and r["partings"] == 0 for r in data["shapes"])
+
+
+def test_head_tree_bench_runs_a_batch_of_trees(bundle_factory, tmp_path):
+    """tools/head_tree_bench.py --batch: the prompts as a batch in every mode (a fixed shape's
+    rows grow their trees along their chains; auto plans the batch's), 0 partings."""
+    bundle = bundle_factory("llama", "llama_cut")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "def f(x):"}\n{"prompt": "import os\\n"}\n'
+                       '{"prompt": "class A:"}\n')
+    out = tmp_path / "batch.json"
+    res = subprocess.run(
+        [sys.executable, str(TOOL.parent / "head_tree_bench.py"), str(bundle), "--prompts",
+         str(prompts), "--max-new-tokens", "8", "--threads", "1", "--batch", "3",
+         "--modes", "k0,c2,t5x2x2x1@2,auto", "--json", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["batch"] == 3 and set(data["modes"]) == {"k0", "c2", "t5x2x2x1@2", "auto"}
+    for mode in data["modes"].values():
+        assert mode["partings"] == 0 and mode["rounds"] > 0
+    assert data["modes"]["t5x2x2x1@2"]["tree_rounds"] > 0
