@@ -11,8 +11,8 @@ is `k0` (the target alone), `cK` (the draft's chain of K drafts a round, FixedK)
 (its tree of that TreeShape, its depth capped at K: Drafter.tree_shape with FixedK(K)), `auto`
 (k="auto": the planner's chains and trees, tree_plan) or `autochain` (k="auto", chains only),
 all with draft_source="model"; each auto mode on a Generator of its own (what k="auto" learns
-carries over the prompts, as in a server, but not from one mode into another). Each prompt runs in every mode in turn, the first mode rotating,
---repeat times. Reported per mode: decode tokens/s per request (median and range), tokens and
+carries over the prompts, as in a server, but not from one mode into another). Each prompt
+runs in every mode in turn, the first mode rotating, --repeat times. Reported per mode: decode tokens/s per request (median and range), tokens and
 accepted per round, nodes per round, partings from k = 0 (must be 0).
 
 `--batch B`: the prompts go in groups of B through generate_batch (Generators of max_batch B;

@@ -307,9 +307,13 @@ def test_a_sliding_window_tree_node_sees_its_path_by_position(bundle_factory, ta
     assert_nodes_see_their_paths(_target(bundle_factory(target, f"{target}_cut")))
 
 
-@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.9, "seed": 3}])
-def test_a_batch_under_auto_drafts_the_trees_its_call_prices(tree_bundle, sampling, monkeypatch):
-    """A draft model's trees in a batch of four (Planner._trees, tree_draft.ChainTree)."""
-    gen = Generator.load(tree_bundle, backend="cpu", threads=1, max_batch=4)
+@pytest.mark.parametrize("flavour,sampling", [("ort", {}), ("ort", {"temperature": 0.9, "seed": 3}),
+                                              ("static", {})])
+def test_a_batch_under_auto_drafts_the_trees_its_call_prices(tree_bundle, static_bundle,
+                                                            flavour, sampling, monkeypatch):
+    """A draft model's trees in a batch of four (Planner._trees, tree_draft.ChainTree), on the
+    ort target (its rows graph) and on the row-exact static one (one call of every row)."""
+    bundle = tree_bundle if flavour == "ort" else static_bundle
+    gen = Generator.load(bundle, backend="cpu", threads=1, max_batch=4)
     prompts = [PROMPT, [5, 9, 14, 3, 22, 7], [40, 2, 2, 17, 250, 31], [8, 8, 1, 90, 12]]
     assert_a_batch_drafts_the_trees_it_prices(gen, prompts, sampling, monkeypatch)
