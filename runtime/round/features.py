@@ -172,6 +172,9 @@ def head_step(drafter: HeadDrafter, seq: list[int]):
         for u in nodes:
             if u == 0:                         # the target's features: the unread rows
                 tokens = seq[drafter.draft_len + 1:]
+                if len(tokens) > drafter.draft.max_new_len:   # far behind: a prefill first
+                    drafter.advance(tokens[:-1])
+                    tokens = tokens[-1:]
                 drafter.chained = False
                 drafter.fill(0, len(tokens), len(tokens))
                 logits = call(drafter.draft.forward, drafter.ids(tokens), drafter.draft_len,

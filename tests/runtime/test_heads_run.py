@@ -180,6 +180,23 @@ def test_a_head_tree_reads_each_node_after_its_own_path(gen, head_logits, refere
     assert chain.tree.tokens[1:].tolist() == reference(row.seq, 3)
 
 
+def test_a_head_far_behind_drafts_its_tree_after_a_prefill(gen, reference):
+    """A head that rounds without its drafts left more tokens behind than one call takes (a
+    batch at k = 0, lookup's rounds) drafts a tree: the root's call prefills them first from
+    the target's features, as a chain's first step does, and the tree's first path is the
+    PyTorch head's drafts."""
+    prompt = [int(x) for x in np.random.default_rng(5).integers(3, 200, 30)]
+    req = gen.request(prompt, max_new_tokens=12, k=3)
+    row = head_row(gen, prompt[:4], 3)                  # the head has seen 3 positions
+    row.seq = list(req.ids)
+    gen.target.prefill(np.asarray(row.seq[:-1], np.int64))
+    row.target_len = len(row.seq) - 1
+    assert len(row.seq) - 1 - row.drafter.draft_len > gen.draft.max_new_len
+    drafted = expand(row.seq[-1], features.head_step(row.drafter, row.seq), TreeShape(7, 2, 3),
+                     row.rule.draft_candidates, len(row.seq))
+    assert drafted.tree.tokens[1:4].tolist() == reference(row.seq, 3)
+
+
 @pytest.mark.parametrize("sampling", [{}, {"temperature": 0.9, "seed": 3}])
 def test_head_trees_in_the_loop_are_the_target_alone(gen, sampling, monkeypatch):
     """A head drafting trees (HeadDrafter.tree_shape) in the loop: the target verifies each
