@@ -2,7 +2,8 @@
 
 Peers, each against its own target-alone run, on the same prompt token ids (the target
 tokenizer's encoding, BOS included), greedy, the same max_new_tokens and thread count:
-  ours   ssd_runtime.Generator on an `ssd-export` bundle: k=0, k=auto (and --k fixed ks);
+  ours   ssd_runtime.Generator on an `ssd-export` bundle: k=0, k=auto (and --k fixed ks, draft
+         trees of a set shape);
   hf     transformers generate() in float32: the target alone, assisted generation with the
          draft at its defaults and with num_assistant_tokens=4, schedule "constant";
   genai  ONNX Runtime GenAI (model builder, cpu): the target alone in fp32 and/or int4
@@ -232,6 +233,8 @@ def _quantized(**precisions: str) -> str:
 def ours_variants(bundle: Path, threads: int, ks: list[int | str]) -> list[Variant]:
     from ssd_runtime import Generator
     from ssd_runtime.machine import cpu_cores
+    from ssd_runtime.round.drafting import Drafter
+    from ssd_runtime.round.tree_draft import TreeShape
 
     # The same thread budget as the other peers; within it, what the runtime does by default:
     # with every core allowed it picks each model's count itself (here target 2, draft 1).
@@ -246,19 +249,29 @@ def ours_variants(bundle: Path, threads: int, ks: list[int | str]) -> list[Varia
     label = (_quantized(target=precision) + flavour
              + (" head" if gen.features is not None else "")).lstrip()
 
-    def runner(k: int | str, source: str) -> Callable[[list[int], int], Sample]:
+    def runner(k: int | str, source: str, shape: TreeShape | None
+               ) -> Callable[[list[int], int], Sample]:
         def run(ids: list[int], n: int) -> Sample:
-            t0 = time.perf_counter()
-            res = gen.generate(ids, max_new_tokens=n, k=k, draft_source=source)
+            Drafter.tree_shape = shape
+            try:
+                t0 = time.perf_counter()
+                res = gen.generate(ids, max_new_tokens=n, k=k, draft_source=source)
+            finally:
+                Drafter.tree_shape = None
             return Sample(list(res.token_ids), time.perf_counter() - t0,
                           res.stats.seconds["decode"], res.stats.acceptance_rate if k else None)
         return run
 
-    def variant(spec: int | str) -> Variant:        # "auto", 8, "auto/model", "8/lookup"
+    def variant(spec: int | str) -> Variant:   # "auto", 8, "auto/model", "8/lookup", "t6x5x1x1@1"
         k, _, source = str(spec).partition("/")
+        shape = None
+        if k.startswith("t"):                   # a draft tree of that TreeShape at k = its K
+            dims, _, k = k[1:].partition("@")
+            shape = TreeShape(*(int(x) for x in dims.split("x")))
         k = k if k == "auto" else int(k)
-        named = f"{label} k={k}{' ' + source if source else ''}{where}".lstrip()
-        return Variant("ours", named, k != 0, runner(k, source or "fused"), precision)
+        tree = f" tree {dims}" if shape else ""
+        named = f"{label} k={k}{tree}{' ' + source if source else ''}{where}".lstrip()
+        return Variant("ours", named, k != 0, runner(k, source or "fused", shape), precision)
     return [variant(k) for k in [0, *ks]]
 
 
@@ -615,7 +628,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", default="1", help="comma-separated thread counts, e.g. 1,2")
     p.add_argument("--k", default="auto",
                    help="our speculative ks besides k=0, e.g. auto,4; K/SOURCE picks who drafts "
-                        "(auto/model, 8/lookup; default fused)")
+                        "(auto/model, 8/lookup; default fused); tNxWxDxB@K a draft tree of that "
+                        "TreeShape at k=K (t6x5x1x1@1/model)")
     p.add_argument("--genai-k", default="4,adaptive",
                    help="GenAI speculative settings: fixed K (1..16) and/or adaptive")
     p.add_argument("--genai-draft", default="fp32,int8",
