@@ -124,14 +124,16 @@ def assert_auto_drafts_the_trees_it_prices(gen, prompts, sampling: dict, monkeyp
             assert (res.stats.tree_rounds > 0) == trees, (later, res.stats.tree_rounds)
 
 
-def assert_a_batch_drafts_the_trees_it_prices(gen, prompts, sampling: dict, monkeypatch) -> None:
+def assert_a_batch_drafts_the_trees_it_prices(gen, prompts, sampling: dict, monkeypatch,
+                                              max_new_tokens: int = 20, **settings) -> list:
     """k="auto" over a batch (design §6 "Trees"): the planner prices every row's tree in the
     batch's one call (tree_plan.plan_batch_for; here a cheap draft and a flat verification of
     any width), and where the first guess seldom passes but the second often does, each row
     grows its tree along its chain in the batch's draft steps (tree_draft.ChainTree); every
     prompt's output is the target's alone (greedy; seeded sampling). Where later guesses never
     pass, the same batch drafts no tree. (The guard, which judges drafting by the rounds' own
-    times, is left out: the prices are the test's.)"""
+    times, is left out: the prices are the test's.) `settings`: every request's besides (a
+    response_format); returns the tree batch's results."""
     from ssd_runtime.scheduler.batch_cost import BatchCost, Realized
 
     knowledge = gen.knowledge
@@ -141,7 +143,9 @@ def assert_a_batch_drafts_the_trees_it_prices(gen, prompts, sampling: dict, monk
     assert knowledge.draft_trees and gen.max_batch >= len(prompts)
     monkeypatch.setattr(Realized, "decide", lambda self, k: k)
     monkeypatch.setattr(knowledge, "cost", one)          # (a row left alone plans its own)
-    alone = [gen.generate(p, max_new_tokens=20, k=0, **sampling).token_ids for p in prompts]
+    alone = [gen.generate(p, max_new_tokens=max_new_tokens, k=0, **sampling,
+                          **settings).token_ids for p in prompts]
+    found = []
     for later, trees in ((0.6, True), (0.0, False)):
         monkeypatch.setattr(knowledge, "times", {})
         monkeypatch.setattr(knowledge, "batch_costs",
@@ -150,8 +154,10 @@ def assert_a_batch_drafts_the_trees_it_prices(gen, prompts, sampling: dict, monk
         monkeypatch.setattr(knowledge, "draft_prefill", 0.0)
         monkeypatch.setattr(knowledge, "learnt", {kind: Acceptance.starting_at(0.15)})
         monkeypatch.setattr(knowledge, "trees", {kind: known([0.15, later])})
-        results = gen.generate_batch(prompts, max_new_tokens=20, k="auto",
-                                     draft_source="model", **sampling)
+        results = gen.generate_batch(prompts, max_new_tokens=max_new_tokens, k="auto",
+                                     draft_source="model", **sampling, **settings)
         assert [r.token_ids for r in results] == alone, later
         rounds = [r.stats.tree_rounds for r in results]
         assert all(rounds) if trees else not any(rounds), (later, rounds)
+        found = found or results
+    return found

@@ -317,3 +317,20 @@ def test_a_batch_under_auto_drafts_the_trees_its_call_prices(tree_bundle, static
     gen = Generator.load(bundle, backend="cpu", threads=1, max_batch=4)
     prompts = [PROMPT, [5, 9, 14, 3, 22, 7], [40, 2, 2, 17, 250, 31], [8, 8, 1, 90, 12]]
     assert_a_batch_drafts_the_trees_it_prices(gen, prompts, sampling, monkeypatch)
+
+
+def test_a_batchs_trees_under_a_response_format_keep_the_constrained_output(tree_bundle,
+                                                                           monkeypatch):
+    """Rows of a batch with a response_format draft their trees under its mask (each node's
+    candidates allowed after its path: tree_draft.ChainTree asks the rule with the path
+    pending), and every output is the constrained target's alone, valid JSON."""
+    pytest.importorskip("llguidance", reason="structured outputs need llguidance")
+    from test_structured import FORMAT, _valid
+
+    gen = Generator.load(tree_bundle, backend="cpu", threads=1, max_batch=3)
+    prompts = [PROMPT, [5, 9, 14, 3, 22, 7], [40, 2, 2, 17, 250, 31]]
+    results = assert_a_batch_drafts_the_trees_it_prices(gen, prompts, {}, monkeypatch,
+                                                        max_new_tokens=60,
+                                                        response_format=FORMAT)
+    for res in results:
+        _valid(res.text)
