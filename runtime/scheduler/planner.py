@@ -14,9 +14,11 @@ the cost model, within the batch's cap. The planner sets that cap: at a fixed k 
 under "auto" over several slots the k that maximises the batch's expected tokens per second at
 this many rows (batch_cost.plan, from calls of this many rows timed here), with rows whose
 draft is behind fed only where their drafts pay for its prefill, and the guard
-(batch_cost.Realized) turning drafting off where the rounds say it loses. A batch of one slot
-(generate, stream, a one-slot server) has no neighbours to price: its row's schedule is the
-plan and its draft is always fed.
+(batch_cost.Realized) turning drafting off where the rounds say it loses; and where the
+rows' draft trees beat those chains in the batch's one call, each row's tree
+(Planner._trees, tree_plan.plan_batch_for; design §6 "Trees"). A batch of one slot (generate,
+stream, a one-slot server) has no neighbours to price: its row's schedule is the plan (its
+own tree included) and its draft is always fed.
 
 `Knowledge` is what a generator has learnt and measured, kept across its sequences and
 batches: acceptance per decoding kind, round times per mode, the cost model, the batch prices
