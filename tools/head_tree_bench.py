@@ -45,7 +45,7 @@ def parse(mode: str) -> tuple[int | str, TreeShape | None]:
     if mode.startswith("c"):
         return int(mode[1:]), None
     shape, k = mode[1:].split("@")
-    return int(k), TreeShape(*(int(x) for x in shape.split("x")))
+    return int(k), TreeShape.parse(shape)
 
 
 def main(argv: list[str] | None = None) -> int:

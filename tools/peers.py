@@ -267,7 +267,7 @@ def ours_variants(bundle: Path, threads: int, ks: list[int | str]) -> list[Varia
         shape = None
         if k.startswith("t"):                   # a draft tree of that TreeShape at k = its K
             dims, _, k = k[1:].partition("@")
-            shape = TreeShape(*(int(x) for x in dims.split("x")))
+            shape = TreeShape.parse(dims)
         k = k if k == "auto" else int(k)
         tree = f" tree {dims}" if shape else ""
         named = f"{label} k={k}{tree}{' ' + source if source else ''}{where}".lstrip()

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     names = args.shapes.split(",")
-    shapes = [TreeShape(*(int(x) for x in s.rstrip("L").split("x"))) for s in names]
+    shapes = [TreeShape.parse(s.rstrip("L")) for s in names]
     gen = Generator.load(args.bundle, backend="cpu", threads=(args.threads, args.threads))
     width = gen.target.max_new_len
     if max(s.nodes for s in shapes) > width:

@@ -250,11 +250,7 @@ class Drafter:
         chain), as a chain's rows stay valid as far as the target accepts."""
         growth, self.growth = self.growth, None
         tree = growth.result().tree
-        first = []
-        node = 0
-        while kids := tree.children(node):
-            node = kids[0]
-            first.append(int(tree.tokens[node]))
+        first = tree.tokens[tree.first_path()].tolist()
         fed = drafts[:growth.rows - 1]              # each call after the first fed one
         same = next((i for i, (a, b) in enumerate(zip(fed, first)) if a != b),
                     min(len(fed), len(first)))

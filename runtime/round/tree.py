@@ -140,6 +140,15 @@ class Tree:
                     break
         return out
 
+    def first_path(self) -> list[int]:
+        """The nodes from the root down each node's first child, the root left out: the
+        draft's first guesses, a chain's rows 1, 2, ... (tree_draft.first_path_first)."""
+        out, node = [], 0
+        while kids := self.children(node):
+            node = kids[0]
+            out.append(node)
+        return out
+
     def leaves(self) -> list[int]:
         """The nodes without children, in order."""
         return [i for i in range(len(self)) if not self.children(i)]

@@ -39,6 +39,16 @@ class TreeShape:
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"a draft tree's {name}={value!r} must be an integer >= 1.")
 
+    @classmethod
+    def parse(cls, text: str) -> TreeShape:
+        """A shape written NODESxWIDTHxDEPTHxBEAM (the tools' "6x5x1x1"; later parts may be
+        left out: TreeShape's defaults)."""
+        try:
+            return cls(*(int(x) for x in text.split("x")))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"a draft tree's shape {text!r}: write NODESxWIDTHxDEPTHxBEAM, "
+                              f"e.g. 6x5x1x1 ({exc}).") from exc
+
     @property
     def is_chain(self) -> bool:
         return self.width == 1 or self.nodes <= 2
@@ -148,12 +158,13 @@ class ChainTree:
         self.tokens, self.parents, self.depth = [int(root)], [-1], [0]
         self.values, self.probs = [1.0], [None]
         self.last = 0                                 # the chain's node the next row is of
+        self.chain: list[int] = []                    # ... and the tokens down to it
         self.rows = 0                                 # rows of logits taken (draft calls)
 
     @property
     def levels(self) -> int:
         """Levels grown so far (draft tokens on the chain)."""
-        return self.depth[self.last]
+        return len(self.chain)
 
     def add(self, row: np.ndarray) -> int | None:
         """The next level from the chain's last node's row of logits (vocab,): its candidates;
@@ -161,29 +172,21 @@ class ChainTree:
         there is none (a grammar that allows nothing there)."""
         u, tokens = self.last, self.tokens
         self.rows += 1
-        chosen, q_of, _ = self.pick(row, self.shape.width, self.position + self.depth[u],
-                                    [tokens[i] for i in self._path(u)], u, False)
+        chosen, q_of, _ = self.pick(row, self.shape.width, self.position + len(self.chain),
+                                    list(self.chain), u, False)
         if not len(chosen):
             return None
+        d = len(self.chain) + 1
         for rank, (t, v) in enumerate(zip(chosen, q_of)):
             tokens.append(int(t))
             self.parents.append(u)
-            self.depth.append(self.depth[u] + 1)
-            d = self.depth[u] + 1
+            self.depth.append(d)
             factor = float(v) if self.chance is None else self.chance(float(v), d, rank)
             self.values.append(self.values[u] * factor)
             self.probs.append(None)
-            if rank == 0:
-                self.last = len(tokens) - 1
+        self.last = len(tokens) - len(chosen)         # the first candidate: the chain's next
+        self.chain.append(tokens[self.last])
         return tokens[self.last]
-
-    def _path(self, u: int) -> list[int]:
-        """Node indices after the root up to u."""
-        out = []
-        while u > 0:
-            out.append(u)
-            u = self.parents[u]
-        return out[::-1]
 
     def result(self) -> DraftTree:
         return _kept(self.tokens, self.parents, self.depth, self.values, self.probs,

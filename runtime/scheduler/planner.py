@@ -284,9 +284,8 @@ class Planner:
         none = [None] * len(rows)
         if len(rows) == 1 or not knowledge.draft_trees:
             return none
-        accs = [row.schedule.tree if row.drafter.fed and getattr(row.schedule, "model", False)
-                and getattr(row.schedule, "tree", None) is not None and row.cap is None
-                else None for row in rows]
+        accs = [row.schedule.tree if isinstance(row.schedule, AdaptiveK) and row.schedule.model
+                and row.drafter.fed else None for row in rows]
         if not any(acc is not None for acc in accs):
             return none
         width, plans = plan_batch_for(accs, live, knowledge.max_draft + 1)

@@ -365,11 +365,8 @@ class AdaptiveK:
         if not self._tree_round:
             return
         self.tree.observe(tree, path)
-        chain, node = 0, 0
-        while kids := tree.children(node):
-            chain, node = chain + 1, kids[0]
         first = next((i for i, u in enumerate(path) if tree.rank(u)), len(path))
-        self.learnt.observe(chain, first)
+        self.learnt.observe(len(tree.first_path()), first)
 
     def keep_drafting(self, drafted: int, logits: np.ndarray,
                       top: tuple[int, float] | None = None) -> bool:
